@@ -1,0 +1,158 @@
+"""The production loader (``impl``) as a loader under test: TokenStore → PackedDataset → ElasticLoader.
+
+Why this path and no shortcut: the conformance suite must exercise what users
+run. The corpus (files of pre-tokenized documents) is written to a real token
+store, one store file per corpus file so that file-level ordering (ORD) sees
+the same files as the reference; ``impl.dataset.PackedDataset`` packs it, and
+``impl.loader.build_dataloader`` partitions, collates and keeps the state.
+Each collated batch is turned back into ``CanonicalRow`` lists here, never in
+tests.
+
+Stores are cached by a hash of the corpus's canonical JSON inside the
+workdir, so the ranks of one topology (and repeated builds in one test)
+share one store.
+
+``adapter()`` is the default ``--loader``. ``ImplAdapter(dataset_factory=...)``
+swaps the dataset (for example ``conformance.stateful.ReferenceDataset``) to
+test the loader layer alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from conformance.adapter import CAPABILITIES, CanonicalRow
+from impl.errors import ConfigError, require
+from impl.loader import ElasticLoader, build_dataloader
+from reference.resume import Corpus, PipelineConfig, Topology, canonical_json
+
+ROW_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
+
+DatasetFactory = Callable[[Corpus, PipelineConfig, Path], Any]
+
+
+def rows_from_batch(batch: Mapping[str, Any]) -> list[CanonicalRow]:
+    """A collated batch (``impl.collation.collate``) as one ``CanonicalRow`` per sample."""
+    epochs = batch["epoch"].tolist()
+    indices = batch["sample_index"].tolist()
+    columns = [batch[name].tolist() for name in ROW_FIELDS]
+    return [CanonicalRow(epochs[b], indices[b], *(tuple(col[b]) for col in columns)) for b in range(len(indices))]
+
+
+class ImplLoader:
+    """``ElasticLoader`` yielding ``list[CanonicalRow]`` per step (``LoaderUnderTest``)."""
+
+    def __init__(self, loader: ElasticLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[list[CanonicalRow]]:
+        for batch in self.loader:
+            yield rows_from_batch(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+
+def corpus_key(corpus: Corpus) -> str:
+    return hashlib.sha256(canonical_json([[list(d) for d in f] for f in corpus]).encode()).hexdigest()[:24]
+
+
+_WRITERS = ("from_documents", "from_tokens", "write_tokens", "build_from_tokens", "from_token_files")
+
+
+def _token_writer() -> Callable[..., Any]:
+    from impl import store as store_module
+
+    for name in _WRITERS:
+        writer = getattr(store_module.TokenStore, name, None) or getattr(store_module, name, None)
+        if callable(writer):
+            return writer
+    try:
+        import impl.dataset as dataset_module
+    except ModuleNotFoundError:
+        dataset_module = None
+    for name in _WRITERS:
+        writer = getattr(dataset_module, name, None)
+        if callable(writer):
+            return writer
+    raise ConfigError("impl has no writer of pre-tokenized documents (looked for TokenStore."
+                      f"{'/'.join(_WRITERS)}); the impl adapter needs one to turn a corpus into a store")
+
+
+def build_store(corpus: Corpus, workdir: Path) -> Any:
+    """The corpus as a token store in ``workdir/stores/<hash>``, one store file per corpus file (built once)."""
+    from impl.store import TokenStore
+
+    path = Path(workdir) / "stores" / corpus_key(corpus)
+    if (path / "meta.json").exists():
+        return TokenStore.open(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files = [[list(doc) for doc in f] for f in corpus]
+    writer = _token_writer()
+    params = inspect.signature(writer).parameters
+    kwargs: dict[str, Any] = {}
+    if "overwrite" in params:
+        kwargs["overwrite"] = True
+    if "progress" in params:
+        kwargs["progress"] = False
+    result = writer(files, path, **kwargs)
+    return result if hasattr(result, "fingerprint") else TokenStore.open(path)
+
+
+def build_packed_dataset(corpus: Corpus, config: PipelineConfig, workdir: Path) -> Any:
+    """``impl.dataset.PackedDataset`` equivalent to ``config`` over the corpus's store."""
+    from impl.dataset import PackedDataset
+
+    store = build_store(corpus, workdir)
+    from_config = getattr(PackedDataset, "from_config", None)
+    cache_dir = Path(workdir) / "cache"
+    if callable(from_config):
+        dataset = from_config(store, config, cache_dir=cache_dir)
+    else:  # pragma: no cover - depends on the dataset's constructor
+        raise ConfigError("impl.dataset.PackedDataset has no from_config(store, config); the adapter needs it")
+    require(dataset.config == config, ConfigError,
+            f"PackedDataset built for {config} reports config {dataset.config}: it cannot express this pipeline")
+    return dataset
+
+
+class ImplAdapter:
+    name = "impl"
+
+    def __init__(self, dataset_factory: DatasetFactory | None = None, capabilities: frozenset[str] | None = None,
+                 name: str | None = None) -> None:
+        self.dataset_factory = dataset_factory or build_packed_dataset
+        if capabilities is not None:
+            self.capabilities = frozenset(capabilities)
+        if name is not None:
+            self.name = name
+
+    capabilities = CAPABILITIES - {"ordering:buffer"}
+
+    def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> ImplLoader:
+        dataset = self.dataset_factory(corpus, config, Path(workdir))
+        loader = build_dataloader(dataset, batch_size=topology.batch_size, rank=topology.rank,
+                                  world_size=topology.world_size, replication=topology.replication, end=config.end,
+                                  num_workers=topology.num_workers)
+        return ImplLoader(loader)
+
+
+def adapter() -> ImplAdapter:
+    return ImplAdapter()
+
+
+def loader_layer_adapter() -> ImplAdapter:
+    """impl's loader layer over ``conformance.stateful.ReferenceDataset``: checks sampler, workers and state alone."""
+    from conformance.stateful import ReferenceDataset
+
+    return ImplAdapter(lambda corpus, config, workdir: ReferenceDataset(corpus, config),
+                       capabilities=CAPABILITIES, name="impl-loader-over-reference")

@@ -1,0 +1,482 @@
+"""Meta tests: reference.mixing obeys MIX-1..MIX-12.
+
+The oracles here are written independently of the reference: round robin
+as closed forms and sorted index tuples, weighted streams as a plain
+simulation that chooses sources with ``bisect`` over normalised
+``itertools.accumulate`` sums.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import json
+import math
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
+from reference import rng
+from reference.errors import ConfigError, StateError
+from reference.mixing import (
+    STOPPING_STRATEGIES,
+    MixConfig,
+    MixState,
+    balance_remaining,
+    choose_weighted,
+    initial_state,
+    mix,
+    next_item,
+)
+
+sizes_st = st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=4)
+nonempty_sizes_st = st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=4)
+seed_st = st.integers(min_value=0, max_value=2**64 - 1)
+epoch_st = st.integers(min_value=0, max_value=1000)
+stopping_st = st.sampled_from(STOPPING_STRATEGIES)
+weight_st = st.floats(min_value=0.05, max_value=20.0)
+
+
+def _states(sizes, config, epoch, weight_fn=None):
+    """The stream and the state before each item plus the final state."""
+    state, items, states = initial_state(len(sizes)), [], []
+    while True:
+        states.append(state)
+        item, state = next_item(state, sizes, config, epoch, weight_fn)
+        if item is None:
+            return items, states, state
+        items.append(item)
+
+
+def _oracle_weighted(sizes, weights, stopping, seed, epoch):
+    """An independent simulation of a weighted stream: (items, steps attempted)."""
+    key = rng.derive_key(seed, epoch, rng.Stream.MIX)
+    used = [0] * len(sizes)
+    finished = [n == 0 for n in sizes]
+    out, t = [], 0
+    while True:
+        if stopping == "all_exhausted" and all(u == n for u, n in zip(used, sizes)):
+            return out, t
+        if stopping == "all_exhausted_oversample" and all(finished):
+            return out, t
+        if stopping == "first_exhausted":
+            live = list(weights)
+        elif stopping == "all_exhausted":
+            live = [w if u < n else 0.0 for w, u, n in zip(weights, used, sizes)]
+        else:
+            live = [w if n > 0 else 0.0 for w, n in zip(weights, sizes)]
+        bounds = list(itertools.accumulate(live))
+        i = bisect.bisect_right([b / bounds[-1] for b in bounds], rng.unit(key, t))
+        t += 1
+        if used[i] == sizes[i]:
+            if stopping == "first_exhausted":
+                return out, t
+            used[i] = 0
+        out.append((i, used[i]))
+        used[i] += 1
+        finished[i] = finished[i] or used[i] == sizes[i]
+
+
+# --- MIX-1: stream, steps and per-source order -------------------------------------------------
+
+
+@pytest.mark.clause("MIX-1")
+@given(sizes=sizes_st, stopping=stopping_st, weighted=st.booleans(), seed=seed_st)
+def test_each_source_emits_its_items_in_order_and_steps_count_every_draw(sizes, stopping, weighted, seed):
+    config = MixConfig(weights=(1.0,) * len(sizes) if weighted else None, stopping=stopping, seed=seed)
+    repro = {"sizes": sizes, "config": config}
+    items, _, final = _states(sizes, config, 0)
+    for s, n in enumerate(sizes):
+        mine = [j for src, j in items if src == s]
+        assert_equal(mine, [k % n for k in range(len(mine))] if n else [], clause="MIX-1",
+                     what=f"items of source {s}", repro=repro)
+    ending_draw = 1 if stopping == "first_exhausted" else 0
+    assert_equal(final.step, len(items) + ending_draw, clause="MIX-1", what="final step", repro=repro)
+    assert_equal(mix(sizes, config, 0), items, clause="MIX-1", what="mix() vs next_item loop", repro=repro)
+
+
+@pytest.mark.clause("MIX-1")
+def test_round_robin_over_three_and_two_takes_six_steps_for_five_items():
+    items, _, final = _states([3, 2], MixConfig(), 0)
+    assert_equal(items, [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)], clause="MIX-1", what="stream")
+    assert_equal((final.step, final.done), (6, True), clause="MIX-1", what="(step, done) at the end")
+
+
+# --- MIX-2, MIX-6, MIX-7, MIX-8: round robin against closed forms --------------------------------
+
+
+@pytest.mark.clause("MIX-2", "MIX-6")
+@given(sizes=sizes_st)
+def test_round_robin_first_exhausted_has_min_times_sources_plus_first_smallest_index_items(sizes):
+    smallest = min(sizes)
+    expected = [(t % len(sizes), t // len(sizes)) for t in range(smallest * len(sizes) + sizes.index(smallest))]
+    assert_equal(mix(sizes, MixConfig(), 0), expected, clause="MIX-6", what="round robin first_exhausted",
+                 repro={"sizes": sizes})
+
+
+@pytest.mark.clause("MIX-6")
+def test_round_robin_first_exhausted_hand_examples():
+    assert_equal(len(mix([2, 3], MixConfig(), 0)), 4, clause="MIX-6", what="items of sizes [2, 3]")
+    assert_equal(len(mix([3, 2], MixConfig(), 0)), 5, clause="MIX-6", what="items of sizes [3, 2]")
+    assert_equal(mix([2, 0, 3], MixConfig(), 0), [(0, 0)], clause="MIX-9", what="sizes [2, 0, 3]")
+
+
+@pytest.mark.clause("MIX-2", "MIX-7")
+@given(sizes=sizes_st)
+def test_round_robin_all_exhausted_equals_items_sorted_by_index_then_source(sizes):
+    expected = [(s, j) for j, s in sorted((j, s) for s, n in enumerate(sizes) for j in range(n))]
+    assert_equal(mix(sizes, MixConfig(stopping="all_exhausted"), 0), expected, clause="MIX-7",
+                 what="round robin all_exhausted", repro={"sizes": sizes})
+
+
+@pytest.mark.clause("MIX-2")
+def test_round_robin_pointer_moves_past_the_chosen_source_not_past_the_step():
+    assert_equal(mix([1, 3, 2], MixConfig(stopping="all_exhausted"), 0),
+                 [(0, 0), (1, 0), (2, 0), (1, 1), (2, 1), (1, 2)], clause="MIX-2", what="sizes [1, 3, 2]")
+
+
+@pytest.mark.clause("MIX-2", "MIX-8")
+@given(sizes=sizes_st)
+def test_round_robin_oversample_cycles_nonempty_sources_until_the_largest_last_one_runs_out(sizes):
+    live = [s for s, n in enumerate(sizes) if n > 0]
+    if live:
+        largest = max(sizes)
+        rank = max(r for r, s in enumerate(live) if sizes[s] == largest)
+        length = (largest - 1) * len(live) + rank + 1
+    else:
+        length = 0
+    expected = [(live[t % len(live)], (t // len(live)) % sizes[live[t % len(live)]]) for t in range(length)]
+    assert_equal(mix(sizes, MixConfig(stopping="all_exhausted_oversample"), 0), expected, clause="MIX-8",
+                 what="round robin oversample", repro={"sizes": sizes})
+
+
+@pytest.mark.clause("MIX-2")
+@given(sizes=sizes_st, stopping=stopping_st, epoch=epoch_st, seed=seed_st)
+def test_round_robin_ignores_seed_and_epoch(sizes, stopping, epoch, seed):
+    assert_equal(mix(sizes, MixConfig(stopping=stopping, seed=seed), epoch), mix(sizes, MixConfig(stopping=stopping), 0),
+                 clause="MIX-2", what="round robin with another seed/epoch", repro={"sizes": sizes, "epoch": epoch})
+
+
+# --- MIX-3: weighted draws ------------------------------------------------------------------------
+
+
+@pytest.mark.clause("MIX-3")
+def test_weighted_choice_uses_left_to_right_cumulative_intervals():
+    cases = [([1.0, 0.0, 3.0], 0.0, 0), ([1.0, 0.0, 3.0], 0.24, 0), ([1.0, 0.0, 3.0], 0.25, 2),
+             ([1.0, 0.0, 3.0], 0.999, 2), ([0.0, 2.0], 0.0, 1), ([1.0, 1.0], 0.5, 1),
+             ([1.0, 1.0], 0.5 - 2**-53, 0), ([0.1, 0.2, 0.7], 1 - 2**-53, 2), ([2.0, 0.0], 0.9, 0)]
+    for weights, u, expected in cases:
+        assert_equal(choose_weighted(weights, u), expected, clause="MIX-3", what=f"choose_weighted({weights}, {u})")
+
+
+@pytest.mark.clause("MIX-3", "MIX-6", "MIX-7", "MIX-8")
+@given(sizes=sizes_st, data=st.data(), stopping=stopping_st, seed=seed_st, epoch=epoch_st)
+def test_weighted_stream_equals_an_independent_simulation(sizes, data, stopping, seed, epoch):
+    weights = tuple(data.draw(st.lists(weight_st, min_size=len(sizes), max_size=len(sizes))))
+    config = MixConfig(weights=weights, stopping=stopping, seed=seed)
+    expected, steps = _oracle_weighted(sizes, weights, stopping, seed, epoch)
+    items, _, final = _states(sizes, config, epoch)
+    repro = {"sizes": sizes, "config": config, "epoch": epoch}
+    assert_equal(items, expected, clause="MIX-3", what="weighted stream", repro=repro)
+    assert_equal(final.step, steps, clause="MIX-1", what="steps attempted", repro=repro)
+
+
+@pytest.mark.clause("MIX-3")
+def test_weighted_frequencies_approach_the_normalised_weights():
+    weights = (5.0, 3.0, 2.0)
+    config, sizes = MixConfig(weights=weights, seed=11), [10**9] * 3
+    state, counts = initial_state(3), Counter()
+    for _ in range(20_000):
+        (s, _), state = next_item(state, sizes, config, 0)
+        counts[s] += 1
+    expected = [20_000 * w / sum(weights) for w in weights]
+    chi2 = sum((counts[s] - e) ** 2 / e for s, e in enumerate(expected))
+    check(chi2 < 13.8, clause="MIX-3", what=f"chi-square {chi2:.2f} >= 13.8 (df=2, p=0.001) for counts {dict(counts)}",
+          repro={"config": config, "draws": 20_000})
+
+
+@pytest.mark.clause("MIX-3")
+def test_zero_weight_sources_are_never_chosen():
+    stream = mix([50, 50, 50], MixConfig(weights=(1.0, 0.0, 1.0), seed=3), 0)
+    check(all(s != 1 for s, _ in stream), clause="MIX-3", what="a zero-weight source was chosen")
+    check(len(stream) >= 50, clause="MIX-3", what=f"stream of {len(stream)} items is too short")
+
+
+@pytest.mark.clause("MIX-3")
+@given(seed=seed_st, epoch=epoch_st)
+def test_another_epoch_or_seed_gives_another_weighted_stream(seed, epoch):
+    config = MixConfig(weights=(1.0, 1.0), stopping="all_exhausted", seed=seed)
+    base = mix([40, 40], config, epoch)
+    repro = {"config": config, "epoch": epoch}
+    check(mix([40, 40], config, epoch + 1) != base, clause="MIX-3", what="epoch + 1 gave the same stream", repro=repro)
+    other = dataclasses.replace(config, seed=seed ^ 1)
+    check(mix([40, 40], other, epoch) != base, clause="MIX-3", what="seed ^ 1 gave the same stream", repro=repro)
+    assert_equal(mix([40, 40], config, epoch), base, clause="MIX-1", what="second run", repro=repro)
+
+
+# --- MIX-4: weight_fn and eligibility --------------------------------------------------------------
+
+
+@pytest.mark.clause("MIX-4")
+@given(sizes=sizes_st, stopping=stopping_st, seed=seed_st)
+def test_weight_fn_is_called_once_per_step_with_step_sizes_taken_and_exhausted(sizes, stopping, seed):
+    calls = []
+
+    def recording(step, source_sizes, taken, exhausted):
+        calls.append((step, tuple(source_sizes), tuple(taken), tuple(exhausted)))
+        return [1.0] * len(source_sizes)
+
+    config = MixConfig(stopping=stopping, seed=seed)
+    items, _, final = _states(sizes, config, 0, recording)
+    repro = {"sizes": sizes, "config": config}
+    assert_equal([c[0] for c in calls], list(range(final.step)), clause="MIX-4", what="steps weight_fn saw", repro=repro)
+    for step, seen_sizes, taken, exhausted in calls:
+        before = items[:step]
+        counts = tuple(sum(1 for s, _ in before if s == i) for i in range(len(sizes)))
+        assert_equal(seen_sizes, tuple(sizes), clause="MIX-4", what=f"sizes at step {step}", repro=repro)
+        assert_equal(taken, counts, clause="MIX-4", what=f"taken at step {step}", repro=repro)
+        no_item_left = tuple(n == 0 or (c > 0 and c % n == 0) for c, n in zip(counts, sizes))
+        assert_equal(exhausted, no_item_left, clause="MIX-4", what=f"exhausted at step {step}", repro=repro)
+
+
+@pytest.mark.clause("MIX-4")
+def test_weight_fn_overrides_the_configured_weights():
+    stream = mix([5, 5], MixConfig(weights=(1.0, 0.0)), 0, weight_fn=lambda *args: [0.0, 1.0])
+    assert_equal(stream, [(1, j) for j in range(5)], clause="MIX-4", what="stream with weight_fn favouring source 1")
+
+
+@pytest.mark.clause("MIX-4")
+def test_a_curriculum_weight_fn_shifts_the_proportions_over_steps():
+    def curriculum(step, sizes, taken, exhausted):
+        return [max(0.0, 1000.0 - step), float(step)]
+
+    state, stream = initial_state(2), []
+    for _ in range(1000):
+        item, state = next_item(state, [10**6, 10**6], MixConfig(seed=5), 0, curriculum)
+        stream.append(item)
+    early = sum(1 for s, _ in stream[:200] if s == 0) / 200
+    late = sum(1 for s, _ in stream[800:] if s == 0) / 200
+    check(early > 0.75 and late < 0.25, clause="MIX-4",
+          what=f"share of source 0 early={early:.2f} (should be > 0.75) and late={late:.2f} (should be < 0.25)")
+
+
+@pytest.mark.clause("MIX-4", "MIX-7")
+def test_exhausted_sources_are_masked_under_all_exhausted_whatever_weight_fn_says():
+    stream = mix([1, 5], MixConfig(stopping="all_exhausted", seed=2), 0, weight_fn=lambda *args: [1e9, 1.0])
+    assert_equal(stream, [(0, 0)] + [(1, j) for j in range(5)], clause="MIX-4", what="stream")
+
+
+# --- MIX-5: invalid weights -------------------------------------------------------------------------
+
+
+@pytest.mark.clause("MIX-5")
+@pytest.mark.parametrize("weights, mention", [((1.0, -0.5), "weights[1]=-0.5"), ((math.nan, 1.0), "weights[0]=nan"),
+                                              ((1.0, math.inf), "weights[1]=inf"), ((0.0, 0.0), "all zero"),
+                                              ((), "non-empty")])
+def test_invalid_configured_weights_are_refused(weights, mention):
+    assert_raises_typed(ConfigError, MixConfig, weights=weights, clause="MIX-5", what=f"MixConfig(weights={weights})",
+                        mentions=[mention])
+
+
+@pytest.mark.clause("MIX-5")
+def test_configured_weights_of_the_wrong_length_are_refused():
+    assert_raises_typed(ConfigError, mix, [3, 3, 3], MixConfig(weights=(1.0, 1.0)), 0, clause="MIX-5",
+                        what="two weights for three sources", mentions=["weights", "3 sources"])
+
+
+@pytest.mark.clause("MIX-5")
+@pytest.mark.parametrize("returned, mention", [([1.0], "1 weights"), ([1.0, -1.0], "weights[1]=-1.0"),
+                                               ([math.nan, 1.0], "weights[0]=nan"), ([0.0, 0.0], "all weights")])
+def test_invalid_weight_fn_results_are_refused_naming_the_step(returned, mention):
+    def late_failure(step, *args):
+        return [1.0, 1.0] if step < 3 else returned
+
+    assert_raises_typed(ConfigError, mix, [9, 9], MixConfig(), 0, weight_fn=late_failure, clause="MIX-5",
+                        what=f"weight_fn returning {returned} at step 3", mentions=[mention, "step 3"])
+
+
+@pytest.mark.clause("MIX-5")
+@pytest.mark.parametrize("stopping", ["all_exhausted", "all_exhausted_oversample"])
+def test_a_static_zero_weight_on_a_nonempty_source_is_refused_when_every_source_must_run_out(stopping):
+    assert_raises_typed(ConfigError, mix, [3, 3], MixConfig(weights=(1.0, 0.0), stopping=stopping), 0, clause="MIX-5",
+                        what=f"weights (1, 0) under {stopping}", mentions=["weights[1]=0", "never"])
+    check(mix([3, 0], MixConfig(weights=(1.0, 0.0), stopping=stopping), 0)[:3] == [(0, 0), (0, 1), (0, 2)],
+          clause="MIX-5", what="a zero weight on an empty source was refused")
+
+
+@pytest.mark.clause("MIX-5")
+def test_a_weight_fn_that_zeroes_every_remaining_source_is_refused_naming_the_step():
+    def only_source_zero(step, sizes, taken, exhausted):
+        return [1.0, 0.0]
+
+    assert_raises_typed(ConfigError, mix, [2, 3], MixConfig(stopping="all_exhausted"), 0, weight_fn=only_source_zero,
+                        clause="MIX-5", what="weight 0 for the only source left", mentions=["step 2"])
+
+
+# --- MIX-6, MIX-7, MIX-8: weighted stopping invariants -----------------------------------------------
+
+
+@pytest.mark.clause("MIX-6")
+@given(sizes=nonempty_sizes_st, data=st.data(), seed=seed_st)
+def test_weighted_first_exhausted_ends_on_a_draw_of_a_source_that_has_run_out(sizes, data, seed):
+    weights = tuple(data.draw(st.lists(weight_st, min_size=len(sizes), max_size=len(sizes))))
+    config = MixConfig(weights=weights, seed=seed)
+    items, _, final = _states(sizes, config, 0)
+    counts = Counter(s for s, _ in items)
+    last = choose_weighted(weights, rng.unit(rng.derive_key(seed, 0, rng.Stream.MIX), final.step - 1))
+    repro = {"sizes": sizes, "config": config}
+    check(all(counts[s] <= n for s, n in enumerate(sizes)), clause="MIX-6", what=f"a source was oversampled: {counts}",
+          repro=repro)
+    assert_equal(counts[last], sizes[last], clause="MIX-6", what=f"items taken from source {last} chosen at the end",
+                 repro=repro)
+
+
+@pytest.mark.clause("MIX-7")
+@given(sizes=sizes_st, data=st.data(), seed=seed_st, epoch=epoch_st)
+def test_weighted_all_exhausted_emits_every_item_exactly_once(sizes, data, seed, epoch):
+    weights = tuple(data.draw(st.lists(weight_st, min_size=len(sizes), max_size=len(sizes))))
+    config = MixConfig(weights=weights, stopping="all_exhausted", seed=seed)
+    items, _, final = _states(sizes, config, epoch)
+    repro = {"sizes": sizes, "config": config, "epoch": epoch}
+    assert_exactly_once(items, [(s, j) for s, n in enumerate(sizes) for j in range(n)], clause="MIX-7",
+                        what="weighted all_exhausted stream", repro=repro)
+    assert_equal(final.step, sum(sizes), clause="MIX-7", what="steps (no ending draw)", repro=repro)
+
+
+@pytest.mark.clause("MIX-8")
+@given(sizes=sizes_st, data=st.data(), seed=seed_st, weighted=st.booleans())
+def test_oversample_covers_every_item_and_stops_right_after_the_last_first_exhaustion(sizes, data, seed, weighted):
+    weights = tuple(data.draw(st.lists(weight_st, min_size=len(sizes), max_size=len(sizes)))) if weighted else None
+    config = MixConfig(weights=weights, stopping="all_exhausted_oversample", seed=seed)
+    items = mix(sizes, config, 0)
+    universe = {(s, j) for s, n in enumerate(sizes) for j in range(n)}
+    repro = {"sizes": sizes, "config": config}
+    check(set(items) == universe, clause="MIX-8", what=f"items {sorted(set(items))} do not cover {sorted(universe)}",
+          repro=repro)
+    if items:
+        s, j = items[-1]
+        check(j == sizes[s] - 1 and (s, j) not in items[:-1], clause="MIX-8",
+              what=f"the last item {(s, j)} is not the first exhaustion of source {s}", repro=repro)
+
+
+@pytest.mark.clause("MIX-8")
+def test_oversample_hand_example_restarts_the_small_source():
+    assert_equal(mix([1, 3], MixConfig(stopping="all_exhausted_oversample"), 0),
+                 [(0, 0), (1, 0), (0, 0), (1, 1), (0, 0), (1, 2)], clause="MIX-8", what="sizes [1, 3]")
+
+
+# --- MIX-9: empty sources ---------------------------------------------------------------------------
+
+
+@pytest.mark.clause("MIX-9")
+@given(sizes=sizes_st, data=st.data(), seed=seed_st, weighted=st.booleans(),
+       stopping=st.sampled_from(["all_exhausted", "all_exhausted_oversample"]))
+def test_empty_sources_are_invisible_to_the_all_exhausted_variants(sizes, data, seed, weighted, stopping):
+    weights = tuple(data.draw(st.lists(weight_st, min_size=len(sizes), max_size=len(sizes)))) if weighted else None
+    live = [s for s, n in enumerate(sizes) if n > 0]
+    config = MixConfig(weights=weights, stopping=stopping, seed=seed)
+    repro = {"sizes": sizes, "config": config}
+    if not live:
+        assert_equal(mix(sizes, config, 0), [], clause="MIX-9", what="stream of empty sources", repro=repro)
+        return
+    compact = MixConfig(weights=tuple(weights[s] for s in live) if weighted else None, stopping=stopping, seed=seed)
+    expected = [(live[s], j) for s, j in mix([sizes[s] for s in live], compact, 0)]
+    assert_equal(mix(sizes, config, 0), expected, clause="MIX-9", what="stream with empty sources", repro=repro)
+
+
+@pytest.mark.clause("MIX-9")
+@pytest.mark.parametrize("stopping", STOPPING_STRATEGIES)
+@pytest.mark.parametrize("sizes", [[], [0], [0, 0, 0]])
+def test_only_empty_sources_give_an_empty_stream(stopping, sizes):
+    for weights in (None, (1.0,) * len(sizes) or None):
+        assert_equal(mix(sizes, MixConfig(weights=weights, stopping=stopping), 0), [], clause="MIX-9",
+                     what=f"stream of sizes {sizes}", repro={"weights": weights})
+
+
+@pytest.mark.clause("MIX-9")
+def test_an_empty_source_ends_a_weighted_first_exhausted_stream_when_drawn():
+    config = MixConfig(weights=(1.0, 1.0), seed=0)
+    items, _, final = _states([0, 10**6], config, 0)
+    key = rng.derive_key(0, 0, rng.Stream.MIX)
+    first_zero = next(t for t in itertools.count() if rng.unit(key, t) < 0.5)
+    assert_equal(len(items), first_zero, clause="MIX-9", what="items before source 0 is drawn")
+    assert_equal(final.step, first_zero + 1, clause="MIX-9", what="steps")
+
+
+# --- MIX-10: resume -------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("MIX-10")
+@given(sizes=sizes_st, data=st.data(), stopping=stopping_st, seed=seed_st, epoch=epoch_st,
+       kind=st.sampled_from(["round_robin", "weights", "weight_fn"]))
+def test_resuming_from_the_state_after_any_prefix_yields_the_rest_of_the_stream(sizes, data, stopping, seed, epoch, kind):
+    weights = tuple(data.draw(st.lists(weight_st, min_size=len(sizes), max_size=len(sizes)))) if kind == "weights" else None
+    weight_fn = balance_remaining if kind == "weight_fn" else None
+    config = MixConfig(weights=weights, stopping=stopping, seed=seed)
+    items, states, final = _states(sizes, config, epoch, weight_fn)
+    repro = {"sizes": sizes, "config": config, "epoch": epoch, "weight_fn": kind}
+    for k, state in enumerate(states):
+        restored = MixState(**json.loads(json.dumps(dataclasses.asdict(state))))
+        assert_equal(restored, state, clause="MIX-10", what=f"state after {k} items through JSON", repro=repro)
+        rest, current = [], restored
+        while True:
+            item, current = next_item(current, sizes, config, epoch, weight_fn)
+            if item is None:
+                break
+            rest.append(item)
+        assert_equal(rest, items[k:], clause="MIX-10", what=f"stream resumed after {k} items", repro=repro)
+        assert_equal(current, final, clause="MIX-10", what=f"final state resumed after {k} items", repro=repro)
+    assert_equal(next_item(final, sizes, config, epoch, weight_fn), (None, final), clause="MIX-10",
+                 what="next_item on a done state", repro=repro)
+
+
+@pytest.mark.clause("MIX-10")
+def test_the_state_after_two_round_robin_items_is_the_documented_cursor():
+    _, states, _ = _states([3, 2], MixConfig(), 0)
+    assert_equal(states[2], MixState(step=2, taken=(1, 1), cursor=(1, 1), exhausted=(False, False),
+                                     exhausted_once=(False, False), next_source=0, done=False),
+                 clause="MIX-10", what="state after 2 items")
+
+
+# --- MIX-11: balance_remaining ---------------------------------------------------------------------
+
+
+@pytest.mark.clause("MIX-11")
+def test_balance_remaining_weights_by_items_left_with_forgathers_fallback():
+    assert_equal(balance_remaining(5, [3, 5, 4], [1, 5, 0], [False, True, False]), [2.0, 0.0, 4.0], clause="MIX-11",
+                 what="weights")
+    assert_equal(balance_remaining(0, [3, 2], [7, 2], [False, True]), [1.0, 1.0], clause="MIX-11",
+                 what="weights when nothing is left (oversampled source, exhausted source)")
+
+
+@pytest.mark.clause("MIX-11")
+def test_balance_remaining_makes_a_small_source_last_until_near_the_end():
+    stream = mix([100, 900], MixConfig(stopping="all_exhausted", seed=4), 0, weight_fn=balance_remaining)
+    last_small = max(t for t, (s, _) in enumerate(stream) if s == 0)
+    check(last_small > 0.9 * len(stream), clause="MIX-11",
+          what=f"source 0 ran out at item {last_small} of {len(stream)}, long before the end")
+
+
+# --- MIX-12: validation ----------------------------------------------------------------------------
+
+
+@pytest.mark.clause("MIX-12")
+def test_bad_configuration_sizes_epochs_and_states_are_refused_with_typed_errors():
+    assert_raises_typed(ConfigError, MixConfig, stopping="longest", clause="MIX-12", what="stopping='longest'",
+                        mentions=["stopping='longest'", "first_exhausted"])
+    assert_raises_typed(ConfigError, MixConfig, seed=-1, clause="MIX-12", what="seed=-1", mentions=["seed=-1"])
+    assert_raises_typed(ConfigError, mix, [3, -1], MixConfig(), 0, clause="MIX-12", what="size -1",
+                        mentions=["source_sizes[1]=-1"])
+    assert_raises_typed(ConfigError, mix, [3, 1], MixConfig(), -2, clause="MIX-12", what="epoch -2", mentions=["epoch=-2"])
+    assert_raises_typed(StateError, next_item, initial_state(3), [2, 2], MixConfig(), 0, clause="MIX-12",
+                        what="a 3-source state for 2 sources", mentions=["3 sources"])
+    corrupt = dataclasses.replace(initial_state(2), cursor=(5, 0))
+    assert_raises_typed(StateError, next_item, corrupt, [2, 2], MixConfig(), 0, clause="MIX-12",
+                        what="cursor beyond the source", mentions=["cursor[0]=5"])
+    inconsistent = dataclasses.replace(initial_state(2), cursor=(2, 0))
+    assert_raises_typed(StateError, next_item, inconsistent, [2, 2], MixConfig(), 0, clause="MIX-12",
+                        what="a used-up source not flagged exhausted", mentions=["exhausted[0]"])

@@ -1,0 +1,129 @@
+"""Collation on torch tensors: stacking packed samples into a batch, with varlen boundaries.
+
+Conforms to COLL-1, COLL-2 (``pad_stack_1d``) and COLL-8 (``cu_seqlens``,
+``max_seqlen``) of docs/clauses/collation.md, mirroring ``reference.collation``
+bit for bit; ``collate`` is the ``collate_fn`` of ``impl.loader``.
+
+Why cu_seqlens over the flattened batch: varlen attention kernels
+(flash-attn's ``flash_attn_varlen_func``, torch's nested/jagged SDPA) take one
+long token sequence and the offsets where its segments start, so no token of a
+packed row attends to another document. A segment starts at every row start
+and wherever ``position_ids`` resets to 0 (COLL-8); a row starting mid-document
+(position != 0) still starts a segment, since the previous row is another
+sample.
+
+Worked example (2 rows of 4 positions; row 0 holds documents of 3 and 1
+tokens, row 1 continues a document for 2 positions, then a new one)::
+
+    >>> import torch
+    >>> def sample(pos):
+    ...     t = torch.tensor(pos)
+    ...     return {"input_ids": t + 10, "position_ids": t, "epoch": torch.tensor(0), "sample_index": torch.tensor(0)}
+    >>> out = collate([sample([0, 1, 2, 0]), sample([5, 6, 0, 1])])
+    >>> out["input_ids"].shape, out["cu_seqlens"].tolist(), out["max_seqlen"]
+    (torch.Size([2, 4]), [0, 3, 4, 6, 8], 3)
+    >>> pad_stack_1d([torch.tensor([1, 2, 3]), torch.tensor([4])], 0, side="left").tolist()
+    [[1, 2, 3], [0, 0, 4]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from impl.errors import ConfigError, require
+from reference.collation import SIDES
+
+__all__ = ["collate", "cu_seqlens", "pad_stack_1d"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: int | float, *, side: str = "right",
+                 pad_to_multiple_of: int | None = None) -> torch.Tensor:
+    """Stack 1-d rows of different lengths into ``[N, T]``, padding each on ``side`` (COLL-1, COLL-2).
+
+    ``T`` is the longest length rounded up to ``pad_to_multiple_of``. The
+    result's dtype is the promotion of the rows' dtypes (lists become int64).
+    One boolean-mask write places every real token: no Python loop per row
+    beyond reading the lengths.
+
+    >>> pad_stack_1d([torch.tensor([1, 2, 3]), torch.tensor([4])], -1, pad_to_multiple_of=4).tolist()
+    [[1, 2, 3, -1], [4, -1, -1, -1]]
+    """
+    require(len(items) > 0, ConfigError, "items is empty; pad_stack_1d needs at least one row to know the batch shape")
+    require(side in SIDES, ConfigError, f"side={side!r} is not a padding side; choose one of {SIDES}")
+    require(pad_to_multiple_of is None or (_is_int(pad_to_multiple_of) and pad_to_multiple_of >= 1), ConfigError,
+            f"pad_to_multiple_of={pad_to_multiple_of!r} must be an integer >= 1, or None for no rounding")
+    rows = [t if isinstance(t, torch.Tensor) else torch.as_tensor(list(t), dtype=torch.int64) for t in items]
+    for i, row in enumerate(rows):
+        require(row.dim() == 1, ConfigError,
+                f"items[{i}] has shape {tuple(row.shape)}; pad_stack_1d stacks 1-d rows: flatten or split it first")
+    dtype = rows[0].dtype
+    for row in rows[1:]:
+        dtype = torch.promote_types(dtype, row.dtype)
+    lengths = torch.tensor([row.numel() for row in rows], dtype=torch.int64)
+    multiple = pad_to_multiple_of or 1
+    width = -(-int(lengths.max()) // multiple) * multiple
+    out = torch.full((len(rows), width), pad_value, dtype=dtype, device=rows[0].device)
+    columns = torch.arange(width)
+    real = columns < lengths[:, None] if side == "right" else columns >= (width - lengths)[:, None]
+    out[real.to(out.device)] = torch.cat([row.to(dtype) for row in rows])
+    return out
+
+
+def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Varlen boundaries of a ``[B, L]`` batch flattened to ``B*L`` tokens, and the longest segment (COLL-8).
+
+    Returns ``(cu_seqlens, max_seqlen)``: int32 offsets ``[0, s_1, ..., B*L]``
+    where a segment starts at each row start and at each position-id reset to
+    0, so row ``r``'s part equals ``reference.collation.cu_seqlens(row) + r*L``.
+
+    >>> cu_seqlens(torch.tensor([[0, 1, 2, 0, 1, 0]]))
+    (tensor([0, 3, 5, 6], dtype=torch.int32), 3)
+    """
+    require(position_ids.dim() == 2, ConfigError,
+            f"position_ids has shape {tuple(position_ids.shape)}; pass a [batch, seq_len] tensor")
+    rows, length = position_ids.shape
+    starts = position_ids == 0
+    if length:
+        starts[:, 0] = True
+    idx = torch.nonzero(starts.reshape(-1), as_tuple=True)[0]
+    cu = torch.cat([idx, torch.tensor([rows * length])]).to(torch.int32)
+    max_seqlen = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    return cu, max_seqlen
+
+
+def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Stack a list of samples (dicts of equally shaped tensors) into ``[B, ...]`` tensors, plus varlen fields.
+
+    Every sample must have the same keys and each key the same shape (packed
+    samples all have ``seq_len`` positions; a ``pad`` end-of-epoch slot is a
+    full-length, fully masked sample, not a short one), so stacking never pads
+    and never guesses a pad value. With ``position_ids`` present, adds
+    ``cu_seqlens`` (int32) and ``max_seqlen`` (int) over the flattened batch
+    (COLL-8). 0-d fields (``epoch``, ``sample_index``) become ``[B]``.
+
+    Why strict: a field silently dropped or padded with the wrong value is data
+    loss no later stage can see (COLL-10's reasoning).
+    """
+    require(len(batch) > 0, ConfigError, "batch is empty; collate needs at least one sample")
+    keys = list(batch[0])
+    out: dict[str, Any] = {}
+    for s, sample in enumerate(batch):
+        require(set(sample) == set(keys), ConfigError,
+                f"batch[{s}] has fields {sorted(sample)} but batch[0] has {sorted(keys)}; every sample needs the same fields")
+    for key in keys:
+        values = [torch.as_tensor(sample[key]) for sample in batch]
+        shapes = {tuple(v.shape) for v in values}
+        require(len(shapes) == 1, ConfigError,
+                f"field {key!r} has shapes {sorted(shapes)} across the batch; collate stacks equal shapes only: "
+                "pad the rows first with impl.collation.pad_stack_1d")
+        out[key] = torch.stack(values)
+    if "position_ids" in out:
+        out["cu_seqlens"], out["max_seqlen"] = cu_seqlens(out["position_ids"])
+    return out

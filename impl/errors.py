@@ -1,0 +1,77 @@
+"""Typed errors of the production loaders: the shared hierarchy plus store errors.
+
+Why: a token store on disk can be missing, half-written, edited, truncated or
+written by a newer loadspec. Each of those must stop training with a message
+that says what is wrong *and* what to do, never turn into silently wrong
+batches. The types let callers (and the conformance kit) tell them apart::
+
+    try:
+        store = TokenStore.open(path)
+    except StoreNotFoundError:      # also a FileNotFoundError
+        store = TokenStore.build(source, tokenizer, path)
+
+Everything here derives from :class:`reference.errors.LoadspecError`, so
+``except LoadspecError`` still catches every deliberate refusal.
+"""
+
+from __future__ import annotations
+
+from reference.errors import (
+    ConfigError,
+    EmptyDataError,
+    LoadspecError,
+    SplitError,
+    StateError,
+    TopologyError,
+    require,
+)
+
+__all__ = [
+    "LoadspecError",
+    "ConfigError",
+    "SplitError",
+    "TopologyError",
+    "StateError",
+    "EmptyDataError",
+    "require",
+    "StoreError",
+    "StoreNotFoundError",
+    "StoreCorruptError",
+    "StoreVersionError",
+    "TokenizerError",
+    "SourceError",
+    "REBUILD_HINT",
+]
+
+#: The fix every store error points to; kept in one place so messages agree.
+REBUILD_HINT = (
+    "rebuild it with `TokenStore.build(source, tokenizer, out_dir, overwrite=True)` "
+    "(CLI: `loadspec build ...`)"
+)
+
+
+class StoreError(LoadspecError):
+    """A token store cannot be built, opened or used as asked (names the store and the fix)."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """No token store at the given path (no directory, or no ``meta.json`` in it).
+
+    Also a :class:`FileNotFoundError` so generic "does it exist yet?" code works.
+    """
+
+
+class StoreCorruptError(StoreError):
+    """A store file is missing, truncated or changed since the store was built."""
+
+
+class StoreVersionError(StoreError):
+    """The store's format version is unknown to this loadspec (for example, a newer one)."""
+
+
+class TokenizerError(ConfigError):
+    """The tokenizer cannot do what the build options ask (e.g. no EOS token with add_eos=True)."""
+
+
+class SourceError(ConfigError):
+    """A build source cannot be read as documents (missing path, unknown file kind, bad text field)."""

@@ -1,0 +1,217 @@
+"""ElasticLoader: a torch DataLoader whose state resumes exactly, on any topology.
+
+Conforms to RES-1 .. RES-7 (docs/clauses/resume.md) and PART-1 .. PART-12
+(docs/clauses/partition.md, through ``impl.partition.ElasticSampler``); its
+model is ``reference.resume.ReferenceLoader``.
+
+Why a wrapper around the DataLoader: a DataLoader with workers iterates its
+batch sampler ahead of the training loop (``prefetch_factor * num_workers``
+batches), so the sampler's position says what was *computed*, not what was
+*trained*. ``ElasticLoader`` counts the batches it hands to the training loop
+and advances ``consumed`` with ``reference.partition.advance`` per handed-out
+step (RES-6). The state is the reference's: ``{"format", "version",
+"fingerprint", "epoch", "consumed"}`` (RES-2), with ``consumed`` counting the
+epoch's *global* stream, so it loads on another world size, per-rank batch
+size or worker count (RES-4, RES-5).
+
+Epochs: iterating yields the rest of the current epoch; when its last step is
+handed out the state becomes ``(epoch + 1, 0)`` (RES-7, eagerly: a checkpoint
+taken in the loop body right after the last step already points at the next
+epoch, so a resume under a smaller global batch cannot train this epoch's
+dropped tail), and the next ``iter()`` continues with the next epoch.
+``set_epoch(e)`` starts epoch ``e`` from its beginning unless the state is
+already inside it (so a resumed state survives the usual
+``loader.set_epoch(epoch)`` at the top of the training loop).
+
+Workers: each key carries its epoch (``SampleKey``), so workers, persistent or
+not, never depend on ``set_epoch`` reaching their dataset copy. The default
+``multiprocessing_context=None`` keeps torch's default (``fork`` on Linux):
+the dataset is numpy over memory-mapped files, which fork shares for free,
+while ``spawn`` would pay a fresh interpreter plus ``import torch`` per worker
+per epoch. Pass ``"spawn"`` or ``"forkserver"`` when the process holds
+threads a fork can deadlock on (a tokenizer's thread pool, CUDA).
+
+Worked example (a training loop that checkpoints, and a restart on 3 ranks)::
+
+    loader = build_dataloader(dataset, batch_size=4, rank=rank, world_size=2)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)              # a no-op for a resumed epoch (RES-7)
+        for batch in loader:
+            train(batch)
+            if step % 100 == 0:
+                save(json.dumps(loader.state_dict()))   # rank 0; it is the same on every rank
+
+    # later, on 3 ranks with another batch size:
+    loader = build_dataloader(dataset, batch_size=2, rank=rank, world_size=3)
+    loader.load_state_dict(json.loads(saved))  # continues at the same global sample
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from impl.collation import collate
+from impl.errors import ConfigError, StateError, require
+from impl.partition import ElasticSampler
+from reference.partition import advance, steps_in_epoch
+from reference.resume import make_state, validate_state
+
+__all__ = ["ElasticLoader", "build_dataloader"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class ElasticLoader:
+    """One rank's loader: a DataLoader over ``ElasticSampler`` keys plus the exact, elastic state.
+
+    Implements ``torch.distributed.checkpoint.stateful.Stateful`` and
+    torchdata's ``StatefulDataLoader`` state interface (``state_dict()``,
+    ``load_state_dict()``). One live iterator at a time: starting a new
+    ``iter()`` abandons the previous one.
+
+    Build it with :func:`build_dataloader`.
+    """
+
+    def __init__(self, dataset: Any, sampler: ElasticSampler, dataloader: DataLoader) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self.dataloader = dataloader
+        self._epoch = sampler.epoch
+        self._consumed = 0
+        self._generation = 0
+
+    # ------------------------------------------------------------ position
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def consumed(self) -> int:
+        """Samples of the epoch's global stream covered by the batches handed out so far (RES-2)."""
+        return self._consumed
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dataset.fingerprint
+
+    @property
+    def partition(self):
+        return self.sampler.config
+
+    def num_samples(self, epoch: int | None = None) -> int:
+        return self.sampler.num_samples(self._epoch if epoch is None else epoch)
+
+    def __len__(self) -> int:
+        """Steps in the current epoch, from its start (PART-10)."""
+        return steps_in_epoch(self.num_samples(), self.partition)
+
+    @property
+    def steps_remaining(self) -> int:
+        """Steps left in the current epoch from the current position (PART-10)."""
+        return steps_in_epoch(self.num_samples(), self.partition, self._consumed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning unless the state already sits inside it (RES-7)."""
+        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        if epoch != self._epoch:
+            self._epoch, self._consumed = epoch, 0
+            self._generation += 1
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state (RES-2): JSON primitives, counting only batches handed out (RES-6)."""
+        return make_state(self.fingerprint, self._epoch, self._consumed)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at the state's position; refuse a state that does not fit (RES-3).
+
+        Raises ``StateError`` naming the mismatch and the fix for a foreign
+        format, a newer version, another fingerprint (other data or pipeline
+        config), or ``consumed`` beyond the epoch's samples.
+        """
+        epoch, consumed = validate_state(state, self.fingerprint)
+        total = self.num_samples(epoch)
+        require(consumed <= total, StateError,
+                f"state has consumed={consumed} but epoch {epoch} holds {total} samples: it was taken on other data "
+                "or config; start from a fresh state or restore the matching data")
+        self._epoch, self._consumed = epoch, consumed
+        self._generation += 1
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        self._generation += 1
+        return self._run(self._generation)
+
+    def _run(self, generation: int) -> Iterator[Any]:
+        epoch, consumed = self._epoch, self._consumed
+        total = self.num_samples(epoch)
+        config = self.partition
+        remaining = steps_in_epoch(total, config, consumed)
+        if remaining:
+            self.sampler.set_position(epoch, consumed)
+            iterator = iter(self.dataloader)
+            try:
+                for batch in iterator:
+                    if generation != self._generation:
+                        return  # set_epoch / load_state_dict / a newer iter() took over
+                    consumed = advance(consumed, total, config)
+                    remaining -= 1
+                    # Move the state before handing the batch out: the loop body's
+                    # state_dict() must already count it (RES-6), and after the last
+                    # step it must point at the next epoch (RES-7).
+                    self._epoch, self._consumed = (epoch, consumed) if remaining else (epoch + 1, 0)
+                    yield batch
+                    if not remaining:
+                        break
+            finally:
+                del iterator
+            require(remaining == 0 or generation != self._generation, StateError,
+                    f"the DataLoader ended epoch {epoch} with {remaining} of its steps left: its batch sampler was "
+                    "changed behind the loader's back; iterate the ElasticLoader and leave loader.sampler alone")
+        elif generation == self._generation:
+            self._epoch, self._consumed = epoch + 1, 0
+
+    def __repr__(self) -> str:
+        return (f"ElasticLoader({self.sampler!r}, num_workers={self.dataloader.num_workers}, "
+                f"epoch={self._epoch}, consumed={self._consumed})")
+
+
+def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, world_size: int | None = None,
+                     replication: int = 1, end: str = "drop_last", num_workers: int = 0, pin_memory: bool = False,
+                     prefetch_factor: int | None = None, persistent_workers: bool = False,
+                     collate_fn: Callable[[list[Any]], Any] = collate,
+                     multiprocessing_context: Any = None, **dataloader_kwargs: Any) -> ElasticLoader:
+    """The loader of one rank: ``ElasticLoader`` over ``DataLoader(dataset, batch_sampler=ElasticSampler(...))``.
+
+    ``dataset`` is an ``impl.dataset.PackedDataset`` (or anything with
+    ``num_samples(epoch)``, ``fingerprint`` and ``__getitem__(SampleKey)``).
+    ``rank``/``world_size`` default to ``torch.distributed``'s process group
+    when initialised, else ``0``/``1``. ``batch_size`` is per rank; the global
+    batch is ``world_size // replication * batch_size``. Extra keyword
+    arguments go to the DataLoader (``timeout``, ``worker_init_fn``, ...).
+
+    >>> loader = build_dataloader(dataset, batch_size=8, num_workers=2)   # doctest: +SKIP
+    >>> batch = next(iter(loader)); batch["input_ids"].shape              # doctest: +SKIP
+    torch.Size([8, 2048])
+    """
+    require(_is_int(num_workers) and num_workers >= 0, ConfigError,
+            f"num_workers={num_workers!r} must be an integer >= 0 (0: load in the training process)")
+    require(num_workers > 0 or (prefetch_factor is None and not persistent_workers), ConfigError,
+            f"prefetch_factor={prefetch_factor!r} and persistent_workers={persistent_workers!r} need worker processes; "
+            "pass num_workers >= 1 or leave them at None/False")
+    sampler = ElasticSampler(dataset, batch_size=batch_size, rank=rank, world_size=world_size,
+                             replication=replication, end=end)
+    dataloader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_fn,
+                            pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                            persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
+                            **dataloader_kwargs)
+    return ElasticLoader(dataset, sampler, dataloader)
+

@@ -1,0 +1,1590 @@
+"""TokenStore: tokenize a corpus once into memory-mapped Arrow files, then read it zero-copy.
+
+Why a store: pretraining reads every document many times (epochs, resumes,
+elastic restarts). Tokenizing on the fly repeats the most expensive step,
+makes throughput depend on the tokenizer, and makes "document i" depend on
+whatever the text pipeline did that day. The store fixes the tokens once, and
+gives every loader the same numbered documents:
+
+* document ``i`` of the store is the ``i``-th document of the source, in source
+  order (files in a directory sorted by name); empty documents are kept;
+* tokens live in uncompressed Arrow IPC *file* format, so ``pa.memory_map``
+  plus ``pa.ipc.open_file`` hands out numpy views of the page cache (no copy,
+  no deserialisation, read-only);
+* ``meta.json`` (written last, atomically) records sizes, hashes and a content
+  fingerprint, so :meth:`TokenStore.open` can refuse a store that is
+  incomplete, truncated, edited or from a newer format, in time independent
+  of the store's size.
+
+On-disk layout of ``out_dir``::
+
+    meta.json            format name/version, counts, per-file records,
+                         fingerprint, tokenizer identity, build options
+    tokens-00000.arrow   Arrow IPC file: one record batch, one column
+    tokens-00001.arrow   ``tokens: large_list<uint16 | uint32>``; row = document,
+    ...                  the list offsets (int64) are the document boundaries
+
+Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
+the split depends only on the document count, never on ``num_proc``, so the
+same inputs always give byte-identical files and the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import concurrent.futures
+import dataclasses
+import datetime
+import gzip
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import operator
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
+from impl.errors import (
+    REBUILD_HINT,
+    ConfigError,
+    EmptyDataError,
+    SourceError,
+    StoreCorruptError,
+    StoreError,
+    StoreNotFoundError,
+    StoreVersionError,
+    TokenizerError,
+)
+
+__all__ = [
+    "TokenStore",
+    "BuildOptions",
+    "TokenizerInfo",
+    "FileRecord",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "META_FILE",
+    "DEFAULT_DOCS_PER_FILE",
+    "QUICK_SIGNATURE_BYTES",
+    "quick_signature",
+    "sha256_file",
+]
+
+FORMAT_NAME = "loadspec.tokenstore"
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+COLUMN = "tokens"
+FILE_TEMPLATE = "tokens-{:05d}.arrow"
+#: Documents per token file unless ``docs_per_file`` says otherwise. Fixed (not
+#: derived from the CPU count) so a build is reproducible on any machine.
+DEFAULT_DOCS_PER_FILE = 65536
+#: Bytes hashed at each end of a file by the open-time quick signature.
+QUICK_SIGNATURE_BYTES = 64 * 1024
+_UINT16_LIMIT = 1 << 16
+_READ_CHUNK = 1 << 20
+_TEXT_BATCH = 8192
+
+_DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".txt", ".txt.gz")
+_FILE_SUFFIXES = _DATA_SUFFIXES + (".json", ".json.gz")
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """Options that determine a store's content (recorded in ``meta.json``).
+
+    ``num_proc`` and ``progress`` are deliberately absent: they change how fast
+    a store is built, never what it contains.
+    """
+
+    text_field: str = "text"
+    add_bos: bool = False
+    add_eos: bool = True
+    batch_size: int = 1000
+    docs_per_file: int = DEFAULT_DOCS_PER_FILE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise ConfigError(f"text_field={self.text_field!r}: must be a non-empty column name such as 'text'")
+        for name in ("add_bos", "add_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be True or False")
+        for name in ("batch_size", "docs_per_file"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be an integer >= 1")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenizerInfo:
+    """Identity of the tokenizer a store was built with.
+
+    ``sha256`` hashes the tokenizer's JSON serialisation (with truncation and
+    padding switched off, since the build never uses them), so two tokenizers
+    that encode identically from the same definition share it.
+    """
+
+    sha256: str
+    class_name: str
+    vocab_size: int
+    eos_id: int | None
+    bos_id: int | None
+    pad_id: int | None
+    eos_token: str | None
+    bos_token: str | None
+    pad_token: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FileRecord:
+    """One token file as recorded at build time (what :meth:`TokenStore.open` checks)."""
+
+    name: str
+    num_documents: int
+    num_tokens: int
+    num_empty_documents: int
+    size: int
+    sha256: str
+    quick_signature: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> FileRecord:
+        return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Full sha256 of a file (reads all of it: used at build and by ``verify``)."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_READ_CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    out = bytearray()
+    while len(out) < size:
+        chunk = os.pread(fd, size - len(out), offset + len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def quick_signature(path: str | os.PathLike, size: int | None = None) -> str:
+    """sha256 of (size, first 64 KiB, last 64 KiB): an O(1) "unchanged since build" check.
+
+    Reads at most ``2 * QUICK_SIGNATURE_BYTES`` bytes whatever the file size, so
+    opening a 100M-token store costs what opening a 1k-token one does. It
+    catches truncation, appends, rewrites and edits of the Arrow header/footer
+    (where the schema, the record-batch layout and the file magic live); an
+    edit in the middle of a large file is only caught by a full ``verify``.
+    """
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        if size is None:
+            size = os.fstat(fd).st_size
+        h = hashlib.sha256()
+        h.update(b"loadspec-quick-signature-v1\0")
+        h.update(int(size).to_bytes(8, "little"))
+        if size <= 2 * QUICK_SIGNATURE_BYTES:
+            h.update(_pread_all(fd, size, 0))
+        else:
+            h.update(_pread_all(fd, QUICK_SIGNATURE_BYTES, 0))
+            h.update(_pread_all(fd, QUICK_SIGNATURE_BYTES, size - QUICK_SIGNATURE_BYTES))
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _content_fingerprint(file_sha256s: Sequence[str], dtype: str, tokenizer_sha256: str,
+                         add_bos: bool, add_eos: bool) -> str:
+    payload = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "files": list(file_sha256s),
+        "dtype": dtype,
+        "tokenizer": tokenizer_sha256,
+        "add_bos": add_bos,
+        "add_eos": add_eos,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def _load_tokenizer(spec: Any) -> Any:
+    """Turn a path or object into a transformers fast tokenizer (never touches the network)."""
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        if not path.exists():
+            raise TokenizerError(
+                f"tokenizer path {str(path)!r} does not exist: pass a local directory loadable by "
+                "transformers.AutoTokenizer.from_pretrained, a tokenizer.json file, or a tokenizer object "
+                "(hub names are not fetched)"
+            )
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        try:
+            if path.is_dir():
+                return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            if path.name == "tokenizer.json" and (
+                (path.parent / "tokenizer_config.json").exists() or (path.parent / "special_tokens_map.json").exists()
+            ):
+                # The sibling configs carry eos/bos/pad, which tokenizer.json alone does not.
+                return AutoTokenizer.from_pretrained(str(path.parent), local_files_only=True)
+            return PreTrainedTokenizerFast(tokenizer_file=str(path))
+        except TokenizerError:
+            raise
+        except Exception as exc:
+            raise TokenizerError(
+                f"could not load a tokenizer from {str(path)!r} ({type(exc).__name__}: {exc}); pass a directory "
+                "saved with tokenizer.save_pretrained() or a tokenizer.json file"
+            ) from exc
+    try:
+        import tokenizers
+    except ImportError:  # pragma: no cover - tokenizers is a dependency
+        tokenizers = None
+    if tokenizers is not None and isinstance(spec, tokenizers.Tokenizer):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=spec)
+    return spec
+
+
+def _resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
+    """Return the normalised tokenizer JSON (what workers rebuild from) and its identity."""
+    from tokenizers import Tokenizer
+
+    tok = _load_tokenizer(spec)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        raise TokenizerError(
+            f"{type(tok).__name__} is not a fast tokenizer (no backend_tokenizer): load it with "
+            "AutoTokenizer.from_pretrained(..., use_fast=True) or pass a tokenizer.json"
+        )
+    normal = Tokenizer.from_str(backend.to_str())
+    normal.no_truncation()
+    normal.no_padding()
+    tok_json = normal.to_str()
+    vocab = normal.get_vocab(with_added_tokens=True)
+    max_id = max(vocab.values()) if vocab else -1
+    try:
+        length = len(tok)
+    except TypeError:
+        length = 0
+    vocab_size = max(length, max_id + 1, normal.get_vocab_size(with_added_tokens=True))
+
+    def _special(name: str) -> tuple[int | None, str | None]:
+        token = getattr(tok, name, None)
+        tid = getattr(tok, name + "_id", None)
+        if isinstance(token, str) and tid is None:
+            tid = normal.token_to_id(token)
+        if tid is not None:
+            tid = int(tid)
+        return tid, (str(token) if token is not None else None)
+
+    eos_id, eos_token = _special("eos_token")
+    bos_id, bos_token = _special("bos_token")
+    pad_id, pad_token = _special("pad_token")
+    info = TokenizerInfo(
+        sha256=hashlib.sha256(tok_json.encode("utf-8")).hexdigest(),
+        class_name=type(tok).__name__,
+        vocab_size=int(vocab_size),
+        eos_id=eos_id,
+        bos_id=bos_id,
+        pad_id=pad_id,
+        eos_token=eos_token,
+        bos_token=bos_token,
+        pad_token=pad_token,
+    )
+    return tok_json, info
+
+
+# --------------------------------------------------------------------------- encoding (runs in workers)
+
+
+class _Encoder:
+    """Tokenizes one contiguous range of documents and writes it as one Arrow file."""
+
+    def __init__(self, tok_json: str, *, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tok_json)
+        self.tok.no_truncation()
+        self.tok.no_padding()
+        self.dtype = np.dtype(dtype)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.batch_size = batch_size
+        self._encode = getattr(self.tok, "encode_batch_fast", None) or self.tok.encode_batch
+
+    def encode(self, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+        """Return (values, int64 offsets of length n+1, number of documents with no text tokens)."""
+        n_pre = 0 if self.bos_id is None else 1
+        n_post = 0 if self.eos_id is None else 1
+        values_parts: list[np.ndarray] = []
+        length_parts: list[np.ndarray] = []
+        for b in range(0, len(texts), self.batch_size):
+            batch = texts[b : b + self.batch_size]
+            ids = [e.ids for e in self._encode(list(batch), add_special_tokens=False)]
+            lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            content = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
+            values_parts.append(content)
+            length_parts.append(lens)
+            if on_batch is not None:
+                on_batch(len(batch))
+        content = np.concatenate(values_parts) if values_parts else np.empty(0, self.dtype)
+        lens = np.concatenate(length_parts) if length_parts else np.empty(0, np.int64)
+        num_empty = int(np.count_nonzero(lens == 0))
+        out_lens = lens + (n_pre + n_post)
+        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(out_lens, out=offsets[1:])
+        if n_pre == 0 and n_post == 0:
+            return content, offsets, num_empty
+        values = np.empty(int(offsets[-1]), dtype=self.dtype)
+        if n_pre:
+            values[offsets[:-1]] = self.bos_id
+        if n_post:
+            values[offsets[1:] - 1] = self.eos_id
+        content_starts = np.zeros(len(lens), dtype=np.int64)
+        np.cumsum(lens[:-1], out=content_starts[1:])
+        dest = np.arange(len(content), dtype=np.int64) + np.repeat(offsets[:-1] + n_pre - content_starts, lens)
+        values[dest] = content
+        return values, offsets, num_empty
+
+    def write_file(self, path: str, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
+        values, offsets, num_empty = self.encode(texts, on_batch)
+        _write_token_file(path, values, offsets)
+        size = os.path.getsize(path)
+        return FileRecord(
+            name=os.path.basename(path),
+            num_documents=len(offsets) - 1,
+            num_tokens=int(offsets[-1]),
+            num_empty_documents=num_empty,
+            size=size,
+            sha256=sha256_file(path),
+            quick_signature=quick_signature(path, size),
+        ).to_json()
+
+
+def _arrow_type(dtype: np.dtype) -> pa.DataType:
+    return pa.large_list(pa.from_numpy_dtype(dtype))
+
+
+def _write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> None:
+    arr = pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), pa.array(values))
+    schema = pa.schema(
+        [pa.field(COLUMN, arr.type, nullable=False)],
+        metadata={"loadspec.format": FORMAT_NAME, "loadspec.format_version": str(FORMAT_VERSION)},
+    )
+    batch = pa.record_batch([arr], schema=schema)
+    with pa.OSFile(path, "wb") as sink:
+        with pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(batch)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_WORKER_ENCODER: _Encoder | None = None
+
+
+def _worker_init(tok_json: str, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int,
+                 threads: int) -> None:
+    # Each worker is one of num_proc processes: cap the tokenizer's own thread
+    # pool (read by rayon at first use) so processes x threads <= cores.
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = _Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=batch_size)
+
+
+def _worker_write(path: str, texts: list[str]) -> dict[str, Any]:
+    assert _WORKER_ENCODER is not None, "worker not initialised"
+    return _WORKER_ENCODER.write_file(path, texts)
+
+
+def _on_file_written(tmp_dir: Path, record: Mapping[str, Any]) -> None:
+    """Test seam called after each token file of an in-process build (no-op)."""
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Source:
+    kind: str
+    description: Any
+    fingerprint: str | None
+    num_documents: int | None
+    batches: Callable[[], Iterator[list[str]]]
+
+
+def _check_texts(texts: list[Any], where: str, start: int) -> list[str]:
+    for j, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise SourceError(
+                f"document {start + j} ({where}) is {type(t).__name__} {t!r:.60}, not a string: fix the source "
+                "(documents must be text; use '' for an empty document) or choose another text_field"
+            )
+    return texts
+
+
+def _check_arrow_column(col: Any, where: str, text_field: str) -> None:
+    t = col.type
+    ok = pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)
+    if not ok:
+        raise SourceError(f"{where}: column {text_field!r} has type {t}, not string: choose a text column with text_field=")
+    if col.null_count:
+        raise SourceError(
+            f"{where}: column {text_field!r} holds {col.null_count} null value(s): fill them (e.g. with '') or drop "
+            "those rows before building; documents are never dropped silently"
+        )
+
+
+def _missing_field(where: str, text_field: str, columns: Iterable[str]) -> SourceError:
+    return SourceError(f"{where} has no column {text_field!r} (columns: {sorted(columns)}): pass text_field=<one of them>")
+
+
+def _batches_from_dataset(ds: Any, text_field: str, where: str) -> Callable[[], Iterator[list[str]]]:
+    if text_field not in ds.column_names:
+        raise _missing_field(where, text_field, ds.column_names)
+
+    def gen() -> Iterator[list[str]]:
+        col_ds = ds.select_columns([text_field]).with_format("arrow")
+        n = len(col_ds)
+        for start in range(0, n, _TEXT_BATCH):
+            table = col_ds[start : min(n, start + _TEXT_BATCH)]
+            col = table.column(text_field)
+            _check_arrow_column(col, f"{where} rows {start}..", text_field)
+            yield col.to_pylist()
+
+    return gen
+
+
+def _batches_from_iterable_dataset(ds: Any, text_field: str, where: str) -> Callable[[], Iterator[list[str]]]:
+    def gen() -> Iterator[list[str]]:
+        count = 0
+        for rows in _batched(iter(ds), _TEXT_BATCH):
+            texts = []
+            for row in rows:
+                if text_field not in row:
+                    raise _missing_field(where, text_field, row.keys())
+                texts.append(row[text_field])
+            yield _check_texts(texts, where, count)
+            count += len(texts)
+
+    return gen
+
+
+def _batched(it: Iterator[Any], n: int) -> Iterator[list[Any]]:
+    while True:
+        chunk = list(itertools.islice(it, n))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _open_text(path: Path):
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
+    return open(path, encoding="utf-8", newline="\n")
+
+
+def _suffix_kind(path: Path) -> str | None:
+    name = path.name.lower()
+    for suffix, kind in (
+        (".parquet", "parquet"),
+        (".arrow", "arrow"),
+        (".jsonl", "jsonl"),
+        (".jsonl.gz", "jsonl"),
+        (".ndjson", "jsonl"),
+        (".ndjson.gz", "jsonl"),
+        (".json", "jsonl"),
+        (".json.gz", "jsonl"),
+        (".txt", "txt"),
+        (".txt.gz", "txt"),
+    ):
+        if name.endswith(suffix):
+            return kind
+    return None
+
+
+def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
+    kind = _suffix_kind(path)
+    where = str(path)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        if text_field not in names:
+            raise _missing_field(where, text_field, names)
+        for batch in pf.iter_batches(batch_size=_TEXT_BATCH, columns=[text_field]):
+            col = batch.column(0)
+            _check_arrow_column(col, where, text_field)
+            yield col.to_pylist()
+    elif kind == "arrow":
+        with pa.memory_map(str(path), "r") as mm:
+            try:
+                reader = pa.ipc.open_file(mm)
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                schema = reader.schema
+            except pa.ArrowInvalid:
+                mm.seek(0)
+                reader = pa.ipc.open_stream(mm)  # datasets' cache files are IPC streams
+                batches = iter(reader)
+                schema = reader.schema
+            if text_field not in schema.names:
+                raise _missing_field(where, text_field, schema.names)
+            for batch in batches:
+                col = batch.column(batch.schema.get_field_index(text_field))
+                _check_arrow_column(col, where, text_field)
+                for s in range(0, len(col), _TEXT_BATCH):
+                    yield col.slice(s, _TEXT_BATCH).to_pylist()
+    elif kind == "jsonl":
+        with _open_text(path) as f:
+            texts: list[str] = []
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue  # a blank line is not a JSON record (not an empty document)
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SourceError(f"{where}:{lineno}: not valid JSON ({exc}): fix the line; one JSON object a line") from exc
+                if not isinstance(obj, dict) or text_field not in obj:
+                    keys = obj.keys() if isinstance(obj, dict) else []
+                    raise SourceError(
+                        f"{where}:{lineno}: record has no field {text_field!r} (fields: {sorted(keys)}): "
+                        "pass text_field=<one of them>"
+                    )
+                value = obj[text_field]
+                if not isinstance(value, str):
+                    raise SourceError(
+                        f"{where}:{lineno}: field {text_field!r} is {type(value).__name__}, not a string: fix the "
+                        "record (use '' for an empty document)"
+                    )
+                texts.append(value)
+                if len(texts) >= _TEXT_BATCH:
+                    yield texts
+                    texts = []
+            if texts:
+                yield texts
+    elif kind == "txt":
+        with _open_text(path) as f:
+            texts = []
+            for line in f:
+                if line.endswith("\n"):
+                    line = line[:-1]
+                if line.endswith("\r"):
+                    line = line[:-1]
+                texts.append(line)
+                if len(texts) >= _TEXT_BATCH:
+                    yield texts
+                    texts = []
+            if texts:
+                yield texts
+    else:
+        raise SourceError(
+            f"{where}: unknown file kind; supported: .parquet, .arrow, .jsonl/.ndjson/.json (JSON Lines), .txt "
+            "(one document a line), optionally .gz for text formats"
+        )
+
+
+def _file_stats_fingerprint(kind: str, files: Sequence[Path], extra: Any = None) -> str:
+    rows = []
+    for p in files:
+        st = p.stat()
+        rows.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+    payload = {"kind": kind, "files": rows, "extra": extra}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _files_source(kind: str, files: list[Path], text_field: str, description: Any) -> _Source:
+    def gen() -> Iterator[list[str]]:
+        for p in files:
+            try:
+                yield from _iter_file(p, text_field)
+            except UnicodeDecodeError as exc:
+                raise SourceError(f"{p}: not valid UTF-8 ({exc}): re-encode the file as UTF-8") from exc
+            except (pa.ArrowInvalid, OSError) as exc:
+                if isinstance(exc, FileNotFoundError):
+                    raise SourceError(f"{p}: disappeared during the build ({exc})") from exc
+                raise SourceError(f"{p}: cannot be read as {_suffix_kind(p)} ({type(exc).__name__}: {exc})") from exc
+
+    num_docs: int | None = None
+    if all(_suffix_kind(p) == "parquet" for p in files):
+        import pyarrow.parquet as pq
+
+        num_docs = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    return _Source(
+        kind=kind,
+        description=description,
+        fingerprint=_file_stats_fingerprint(kind, files, text_field),
+        num_documents=num_docs,
+        batches=gen,
+    )
+
+
+def _datasets_module() -> Any:
+    return sys.modules.get("datasets")
+
+
+def _is_instance(obj: Any, module: Any, *names: str) -> bool:
+    if module is None:
+        return False
+    types = tuple(t for t in (getattr(module, n, None) for n in names) if isinstance(t, type))
+    return bool(types) and isinstance(obj, types)
+
+
+def _dataset_source(ds: Any, text_field: str, where: str, kind: str) -> _Source:
+    datasets = _datasets_module()
+    if _is_instance(ds, datasets, "IterableDataset"):
+        return _Source(
+            kind=kind, description=where, fingerprint=None, num_documents=None,
+            batches=_batches_from_iterable_dataset(ds, text_field, where),
+        )
+    fp = getattr(ds, "_fingerprint", None)
+    return _Source(
+        kind=kind,
+        description=where,
+        fingerprint=(hashlib.sha256(f"datasets:{fp}:{text_field}".encode()).hexdigest() if fp else None),
+        num_documents=len(ds),
+        batches=_batches_from_dataset(ds, text_field, where),
+    )
+
+
+def _pick_split(dsdict: Mapping[str, Any], split: str | None, where: str) -> tuple[str, Any]:
+    splits = list(dsdict.keys())
+    if split is None:
+        raise ConfigError(
+            f"{where} is a DatasetDict with splits {splits}: pass split=<one of them> to build a store from one split"
+        )
+    if split not in dsdict:
+        raise ConfigError(f"{where} has no split {split!r} (splits: {splits}): pass split=<one of them>")
+    return split, dsdict[split]
+
+
+_CACHE_SPLIT_RE = r"-{split}(-\d{{5}}-of-\d{{5}})?\.arrow$"
+
+
+def _builder_cache_files(root: Path, split: str | None) -> tuple[list[Path], str | None]:
+    """Arrow files of one split in a ``load_dataset`` cache directory (holds dataset_info.json)."""
+    try:
+        info = json.loads((root / "dataset_info.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        info = {}
+    splits = list((info.get("splits") or {}).keys()) if isinstance(info, dict) else []
+    arrows = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(".arrow")
+                    and not p.name.startswith(("cache-", ".")))
+    if split is None:
+        if len(splits) > 1:
+            raise ConfigError(
+                f"{root} is a load_dataset cache with splits {splits}: pass split=<one of them>"
+            )
+        return arrows, (splits[0] if splits else None)
+    pattern = re.compile(_CACHE_SPLIT_RE.format(split=re.escape(split)))
+    chosen = [p for p in arrows if pattern.search(p.name)]
+    if not chosen:
+        raise ConfigError(f"{root} has no arrow files for split {split!r} (splits: {splits}): pass split=<one of them>")
+    return chosen, split
+
+
+def _walk_data_files(root: Path) -> list[Path]:
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            p = Path(dirpath) / name
+            if p.name.lower().endswith(_DATA_SUFFIXES):
+                found.append((p.relative_to(root).as_posix(), p))
+    return [p for _, p in sorted(found)]
+
+
+def _resolve_source(source: Any, text_field: str, split: str | None) -> _Source:
+    datasets = _datasets_module()
+
+    def _no_split(kind: str) -> None:
+        if split is not None:
+            raise ConfigError(
+                f"split={split!r} was given but the source ({kind}) has no splits: drop split= "
+                "(it applies to DatasetDict sources, save_to_disk DatasetDicts and load_dataset cache dirs)"
+            )
+
+    if _is_instance(source, datasets, "DatasetDict", "IterableDatasetDict"):
+        name, ds = _pick_split(source, split, "source")
+        return _dataset_source(ds, text_field, f"DatasetDict[{name!r}]", "datasets.DatasetDict")
+    if _is_instance(source, datasets, "Dataset", "IterableDataset"):
+        _no_split(type(source).__name__)
+        return _dataset_source(source, text_field, f"{type(source).__name__}", f"datasets.{type(source).__name__}")
+
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists():
+            raise SourceError(
+                f"source path {str(path)!r} does not exist: pass an existing file or directory (to tokenize text "
+                "directly, pass a list of strings)"
+            )
+        if path.is_dir():
+            if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+                import datasets as _ds
+
+                loaded = _ds.load_from_disk(str(path))
+                if isinstance(loaded, _ds.DatasetDict):
+                    name, ds = _pick_split(loaded, split, str(path))
+                    return _dataset_source(ds, text_field, f"{path}[{name!r}]", "save_to_disk")
+                _no_split("save_to_disk Dataset")
+                return _dataset_source(loaded, text_field, str(path), "save_to_disk")
+            if (path / "dataset_info.json").exists() and any(path.glob("*.arrow")):
+                files, used = _builder_cache_files(path, split)
+                if not files:
+                    raise EmptyDataError(f"source has no documents: {path} holds no .arrow files")
+                return _files_source("load_dataset_cache", files, text_field,
+                                     {"dir": str(path), "split": used, "files": [p.name for p in files]})
+            _no_split("directory")
+            files = _walk_data_files(path)
+            if not files:
+                raise EmptyDataError(
+                    f"source has no documents: directory {path} holds no data files "
+                    f"({', '.join(_DATA_SUFFIXES)}); point at the directory that holds them"
+                )
+            return _files_source("directory", files, text_field,
+                                 {"dir": str(path), "files": [p.relative_to(path).as_posix() for p in files]})
+        _no_split("file")
+        if _suffix_kind(path) is None:
+            raise SourceError(
+                f"{path}: unknown file kind; supported: {', '.join(_FILE_SUFFIXES)}"
+            )
+        return _files_source("file", [path], text_field, {"files": [str(path)]})
+
+    if isinstance(source, (bytes, bytearray)):
+        raise SourceError("source is bytes: decode it to str, and pass a list of documents (strings)")
+    if isinstance(source, Mapping):
+        raise SourceError(
+            f"source is a {type(source).__name__}: pass a datasets.Dataset/DatasetDict, a path, or an iterable "
+            "of strings"
+        )
+    if not isinstance(source, Iterable):
+        raise SourceError(
+            f"source of type {type(source).__name__} is not supported: pass a datasets.Dataset/DatasetDict, a "
+            "parquet/jsonl/txt/arrow file or directory, a save_to_disk directory, or an iterable of strings"
+        )
+    _no_split(type(source).__name__)
+
+    # A sequence of Path objects is a list of files; strings are always documents.
+    if isinstance(source, Sequence) and source and all(isinstance(p, os.PathLike) for p in source):
+        files = [Path(p) for p in source]
+        for p in files:
+            if not p.is_file():
+                raise SourceError(f"source file {str(p)!r} does not exist or is not a file")
+            if _suffix_kind(p) is None:
+                raise SourceError(f"{p}: unknown file kind; supported: {', '.join(_FILE_SUFFIXES)}")
+        return _files_source("files", files, text_field, {"files": [str(p) for p in files]})
+
+    fingerprint = None
+    num_docs = None
+    if isinstance(source, (list, tuple)):
+        num_docs = len(source)
+        if all(type(t) is str for t in source):
+            h = hashlib.sha256(b"loadspec-texts-v1\0")
+            for t in source:
+                b = t.encode("utf-8", "surrogatepass")
+                h.update(len(b).to_bytes(8, "little"))
+                h.update(b)
+            fingerprint = h.hexdigest()
+
+    def gen() -> Iterator[list[str]]:
+        count = 0
+        for items in _batched(iter(source), _TEXT_BATCH):
+            texts = []
+            for item in items:
+                if isinstance(item, Mapping):
+                    if text_field not in item:
+                        raise _missing_field(f"document {count + len(texts)}", text_field, item.keys())
+                    item = item[text_field]
+                texts.append(item)
+            yield _check_texts(texts, "iterable source", count)
+            count += len(texts)
+
+    return _Source(
+        kind="iterable", description=type(source).__name__, fingerprint=fingerprint,
+        num_documents=num_docs, batches=gen,
+    )
+
+
+def _rechunk(batches: Iterator[list[str]], size: int) -> Iterator[list[str]]:
+    """Regroup text batches into consecutive ranges of exactly ``size`` documents (last one fewer)."""
+    buf: list[str] = []
+    for texts in batches:
+        pos = 0
+        while pos < len(texts):
+            take = min(size - len(buf), len(texts) - pos)
+            buf.extend(texts[pos : pos + take])
+            pos += take
+            if len(buf) == size:
+                yield buf
+                buf = []
+    if buf:
+        yield buf
+
+
+# --------------------------------------------------------------------------- meta validation
+
+
+_META_INT_KEYS = ("num_documents", "num_tokens", "num_empty_documents")
+
+
+def _validate_meta(root: Path, meta: Any) -> None:
+    if not isinstance(meta, dict):
+        raise StoreCorruptError(f"{root / META_FILE}: not a JSON object; {REBUILD_HINT}")
+    if meta.get("format") != FORMAT_NAME:
+        raise StoreCorruptError(
+            f"{root / META_FILE}: format is {meta.get('format')!r}, not {FORMAT_NAME!r}: this directory is not a "
+            f"loadspec token store; {REBUILD_HINT}"
+        )
+    version = meta.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise StoreVersionError(
+            f"{root}: format_version {version!r} is not an integer; this loadspec reads format version "
+            f"{FORMAT_VERSION}: {REBUILD_HINT}"
+        )
+    if version > FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{root}: token store format version {version} is newer than this loadspec supports (version "
+            f"{FORMAT_VERSION}): upgrade loadspec, or {REBUILD_HINT}"
+        )
+    if version != FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{root}: token store format version {version} is unknown (this loadspec reads version "
+            f"{FORMAT_VERSION}): {REBUILD_HINT}"
+        )
+    problems = []
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        problems.append(f"dtype {meta.get('dtype')!r}")
+    for key in _META_INT_KEYS:
+        if isinstance(meta.get(key), bool) or not isinstance(meta.get(key), int) or meta[key] < 0:
+            problems.append(f"{key} {meta.get(key)!r}")
+    if not isinstance(meta.get("files"), list):
+        problems.append("files")
+    if not isinstance(meta.get("fingerprint"), str):
+        problems.append("fingerprint")
+    if not isinstance(meta.get("tokenizer"), dict):
+        problems.append("tokenizer")
+    if problems:
+        raise StoreCorruptError(f"{root / META_FILE}: invalid {', '.join(problems)}; {REBUILD_HINT}")
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class TokenStore:
+    """Documents tokenized once, stored as memory-mapped Arrow files, read as numpy views.
+
+    Example::
+
+        >>> store = TokenStore.build(["Hello world", "", "Bye"], "fixtures/tokenizer/gpt2",
+        ...                          "/tmp/demo-store", progress=False)      # doctest: +SKIP
+        >>> store = TokenStore.open("/tmp/demo-store")                      # doctest: +SKIP
+        >>> len(store), store.dtype, store.eos_id                            # doctest: +SKIP
+        (3, dtype('uint16'), 50256)
+        >>> store[0]                      # "Hello world" + eos, a read-only view  # doctest: +SKIP
+        array([15496,   995, 50256], dtype=uint16)
+        >>> store[1]                      # the empty document is kept: just eos   # doctest: +SKIP
+        array([50256], dtype=uint16)
+        >>> store.lengths, store.doc_offsets                                 # doctest: +SKIP
+        (array([3, 1, 2]), array([0, 3, 4, 6]))
+        >>> store.read(2, 5)              # tokens [2, 5) of the concatenation      # doctest: +SKIP
+        array([50256, 50256, 33, ...], dtype=uint16)
+
+    Why the API looks like this: loaders only ever need "document d", "tokens
+    [a, b) of document d" and "tokens [a, b) of all documents in store order".
+    Each is a binary search over files (``O(log files)``) and slicing of a
+    mapped buffer, never a Python loop over documents. Opening reads
+    ``meta.json`` and ``O(1)`` bytes per file, so its cost does not grow with
+    the number of tokens.
+    """
+
+    # ------------------------------------------------------------ construction
+
+    def __init__(self, path: Path, meta: dict[str, Any]):
+        """Use :meth:`open` or :meth:`build`; this maps already validated metadata."""
+        self._path = path
+        self._meta = meta
+        self._dtype = np.dtype(meta["dtype"])
+        try:
+            self._records = [FileRecord.from_json(r) for r in meta["files"]]
+        except (KeyError, TypeError) as exc:
+            raise StoreCorruptError(f"{path / META_FILE}: malformed file record ({exc}); {REBUILD_HINT}") from exc
+        self._values: list[np.ndarray] = []
+        self._offsets: list[np.ndarray] = []
+        for rec in self._records:
+            values, offsets = self._map_file(rec)
+            self._values.append(values)
+            self._offsets.append(offsets)
+        counts = [r.num_documents for r in self._records]
+        tokens = [r.num_tokens for r in self._records]
+        self._file_doc_starts = [0, *itertools.accumulate(counts)]
+        self._file_token_starts = [0, *itertools.accumulate(tokens)]
+        if self._file_doc_starts[-1] != meta["num_documents"] or self._file_token_starts[-1] != meta["num_tokens"]:
+            raise StoreCorruptError(
+                f"{path / META_FILE}: per-file counts ({self._file_doc_starts[-1]} documents, "
+                f"{self._file_token_starts[-1]} tokens) disagree with the totals ({meta['num_documents']}, "
+                f"{meta['num_tokens']}); {REBUILD_HINT}"
+            )
+        self._n = meta["num_documents"]
+        self._doc_offsets: np.ndarray | None = None
+        self._lengths: np.ndarray | None = None
+
+    def _map_file(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
+        fp = self._path / rec.name
+        where = f"token store {self._path}: file {rec.name}"
+        if os.path.basename(rec.name) != rec.name or not rec.name:
+            raise StoreCorruptError(f"{where}: invalid file name in {META_FILE}; {REBUILD_HINT}")
+        try:
+            st = os.stat(fp)
+        except FileNotFoundError:
+            raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
+        if st.st_size < rec.size:
+            raise StoreCorruptError(
+                f"{where} is truncated ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
+            )
+        if st.st_size != rec.size:
+            raise StoreCorruptError(
+                f"{where} changed since it was built ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
+            )
+        if quick_signature(fp, st.st_size) != rec.quick_signature:
+            raise StoreCorruptError(
+                f"{where} changed since it was built (its first/last {QUICK_SIGNATURE_BYTES // 1024} KiB differ "
+                f"from the recorded signature); {REBUILD_HINT}"
+            )
+        try:
+            with pa.memory_map(str(fp), "r") as mm:
+                reader = pa.ipc.open_file(mm)
+                if reader.num_record_batches != 1:
+                    raise StoreCorruptError(f"{where}: {reader.num_record_batches} record batches, expected 1; {REBUILD_HINT}")
+                batch = reader.get_batch(0)
+            # The mapping outlives the closed file: Arrow buffers keep the region alive.
+        except StoreCorruptError:
+            raise
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreCorruptError(f"{where} is not a readable Arrow file ({exc}); {REBUILD_HINT}") from exc
+        expected = _arrow_type(self._dtype)
+        if batch.num_columns != 1 or batch.schema.names != [COLUMN] or batch.column(0).type != expected:
+            raise StoreCorruptError(
+                f"{where}: schema {batch.schema} is not `{COLUMN}: {expected}` as recorded; {REBUILD_HINT}"
+            )
+        col = batch.column(0)
+        if len(col) != rec.num_documents or col.null_count or col.offset:
+            raise StoreCorruptError(
+                f"{where} holds {len(col)} documents, {rec.num_documents} when built; {REBUILD_HINT}"
+            )
+        offsets = col.offsets.to_numpy(zero_copy_only=True)
+        values = col.values.to_numpy(zero_copy_only=True)
+        if (len(offsets) != rec.num_documents + 1 or int(offsets[0]) != 0
+                or int(offsets[-1]) != rec.num_tokens or len(values) != rec.num_tokens):
+            raise StoreCorruptError(
+                f"{where}: document offsets do not match the {rec.num_tokens} tokens recorded; {REBUILD_HINT}"
+            )
+        return values, offsets
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, verify: bool = False) -> TokenStore:
+        """Open a built store, checking it cheaply; ``verify=True`` also re-hashes every file.
+
+        Checks (all independent of the number of tokens): ``meta.json`` exists
+        and parses; format name and version are known (StoreVersionError for a
+        newer/unknown version); every token file exists, has the recorded size
+        and the recorded quick signature (StoreCorruptError naming the file
+        otherwise); each file's Arrow footer, schema, document count and last
+        offset match the record. Token bytes are mapped, not read.
+        """
+        root = Path(path)
+        if not root.exists():
+            raise StoreNotFoundError(
+                f"no token store at {root}: the directory does not exist; build it with "
+                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
+            )
+        if not root.is_dir():
+            raise StoreNotFoundError(f"{root} is a file, not a token store directory; pass the store's directory")
+        meta_path = root / META_FILE
+        try:
+            raw = meta_path.read_bytes()
+        except FileNotFoundError:
+            raise StoreNotFoundError(
+                f"{root} has no {META_FILE}: it is not a token store (or its build never finished); build it with "
+                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
+            ) from None
+        try:
+            meta = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StoreCorruptError(f"{meta_path} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
+        _validate_meta(root, meta)
+        store = cls(root, meta)
+        if verify:
+            store.verify()
+        return store
+
+    @classmethod
+    def build(
+        cls,
+        source: Any,
+        tokenizer: Any,
+        out_dir: str | os.PathLike,
+        *,
+        text_field: str = "text",
+        num_proc: int | None = None,
+        add_bos: bool = False,
+        add_eos: bool = True,
+        batch_size: int = 1000,
+        docs_per_file: int | None = None,
+        progress: bool = True,
+        split: str | None = None,
+        overwrite: bool = False,
+    ) -> TokenStore:
+        """Tokenize ``source`` into a new store at ``out_dir`` and return it opened.
+
+        ``source``: a ``datasets.Dataset`` / ``IterableDataset``; a
+        ``DatasetDict`` with ``split=``; a parquet, arrow (IPC file or stream),
+        JSON Lines or txt (one document a line; ``\\n`` separated, a trailing
+        ``\\r`` dropped) file, or a directory of them (recursively, sorted by
+        relative path, hidden entries skipped); a ``save_to_disk`` directory; a
+        ``load_dataset`` cache directory (with ``split=`` if it has several); a
+        list of ``pathlib.Path`` files; or an iterable of strings (or of dicts
+        holding ``text_field``). A ``str`` source is a path; strings *inside* an
+        iterable are documents.
+
+        ``tokenizer``: a directory loadable by ``AutoTokenizer.from_pretrained``,
+        a ``tokenizer.json`` file, or a fast tokenizer object. Text is encoded
+        with ``add_special_tokens=False``; then ``bos_token_id`` is prepended
+        if ``add_bos`` and ``eos_token_id`` appended if ``add_eos``.
+
+        ``num_proc``: worker processes (spawned; ``None`` = CPUs, ``1`` = in this
+        process). Ranges of ``docs_per_file`` documents (default
+        :data:`DEFAULT_DOCS_PER_FILE`) become files ``tokens-NNNNN.arrow``; the
+        output is identical for every ``num_proc``. When ``num_proc > 1`` the
+        calling script needs the usual ``if __name__ == "__main__":`` guard.
+
+        Concurrency: the whole build holds ``file_lock(out_dir + ".lock")`` and
+        writes into a temporary sibling directory that is renamed into place
+        only when complete (``meta.json`` last). If ``out_dir`` already holds a
+        store built from the same source with the same tokenizer and options
+        (e.g. by a concurrent builder), that store is returned; a different
+        store raises :class:`StoreError` unless ``overwrite=True``.
+
+        Raises :class:`EmptyDataError` for a source with no documents (or no
+        tokens at all), :class:`TokenizerError` if a needed special token is
+        missing, :class:`SourceError`/:class:`ConfigError` for unreadable input.
+        """
+        options = BuildOptions(
+            text_field=text_field,
+            add_bos=add_bos,
+            add_eos=add_eos,
+            batch_size=batch_size,
+            docs_per_file=DEFAULT_DOCS_PER_FILE if docs_per_file is None else docs_per_file,
+        )
+        if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
+            raise ConfigError(f"num_proc={num_proc!r}: must be None (all CPUs) or an integer >= 1")
+        tok_json, tinfo = _resolve_tokenizer(tokenizer)
+        if add_eos and tinfo.eos_id is None:
+            raise TokenizerError(
+                f"tokenizer {tinfo.class_name} has no eos_token but add_eos=True: set add_eos=False or use a "
+                "tokenizer with an eos_token (e.g. load it with eos_token='<|endoftext|>')"
+            )
+        if add_bos and tinfo.bos_id is None:
+            raise TokenizerError(
+                f"tokenizer {tinfo.class_name} has no bos_token but add_bos=True: set add_bos=False or use a "
+                "tokenizer with a bos_token"
+            )
+        dtype = "uint16" if tinfo.vocab_size <= _UINT16_LIMIT else "uint32"
+        src = _resolve_source(source, options.text_field, split)
+        build_key = None
+        if src.fingerprint is not None:
+            build_key = hashlib.sha256(json.dumps({
+                "format_version": FORMAT_VERSION,
+                "options": options.to_json(),
+                "tokenizer": tinfo.to_json(),
+                "dtype": dtype,
+                "source": src.fingerprint,
+            }, sort_keys=True).encode()).hexdigest()
+
+        out = Path(os.path.abspath(os.fspath(out_dir)))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(lock_path_for(out)):
+            _remove_stale_temp_dirs(out)
+            existing = _existing_store(out, build_key, overwrite, src)
+            if existing is not None:
+                return existing
+            tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            tmp.mkdir()
+            trash: Path | None = None
+            try:
+                records = _tokenize_into(tmp, src, tok_json, tinfo, options, dtype, num_proc, progress)
+                num_docs = sum(r["num_documents"] for r in records)
+                num_tokens = sum(r["num_tokens"] for r in records)
+                if num_docs == 0:
+                    raise EmptyDataError(
+                        f"source has no documents: {_describe(src)}; nothing to store (check the path, split "
+                        "or filter that produced it)"
+                    )
+                if num_tokens == 0:
+                    raise EmptyDataError(
+                        f"source has {num_docs} documents but all are empty and add_bos/add_eos are off, so the "
+                        f"store would hold no tokens: {_describe(src)}; set add_eos=True or fix the source"
+                    )
+                now = datetime.datetime.now(datetime.timezone.utc)
+                meta = {
+                    "format": FORMAT_NAME,
+                    "format_version": FORMAT_VERSION,
+                    "dtype": dtype,
+                    "num_documents": num_docs,
+                    "num_tokens": num_tokens,
+                    "num_empty_documents": sum(r["num_empty_documents"] for r in records),
+                    "files": records,
+                    "fingerprint": _content_fingerprint([r["sha256"] for r in records], dtype, tinfo.sha256,
+                                                        add_bos, add_eos),
+                    "tokenizer": tinfo.to_json(),
+                    "options": options.to_json(),
+                    "source": {"kind": src.kind, "description": src.description, "fingerprint": src.fingerprint},
+                    "build_key": build_key,
+                    "build_id": uuid.uuid4().hex,
+                    "created": now.isoformat(),
+                    "layout": {
+                        "file_format": "arrow-ipc-file",
+                        "column": COLUMN,
+                        "type": str(_arrow_type(np.dtype(dtype))),
+                        "quick_signature_bytes": QUICK_SIGNATURE_BYTES,
+                    },
+                    "versions": {"pyarrow": pa.__version__, "numpy": np.__version__,
+                                 "tokenizers": _version_of("tokenizers")},
+                }
+                atomic_write_json(tmp / META_FILE, meta)
+                fsync_dir(tmp)
+                if out.exists():
+                    if out.is_dir() and not any(out.iterdir()):
+                        out.rmdir()
+                    else:
+                        trash = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+                        os.rename(out, trash)
+                os.rename(tmp, out)
+                fsync_dir(out.parent)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+            return cls.open(out)
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The parsed ``meta.json`` (treat as read-only)."""
+        return self._meta
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over the ordered file hashes, dtype, tokenizer identity and add_bos/add_eos."""
+        return self._meta["fingerprint"]
+
+    @property
+    def num_documents(self) -> int:
+        return self._n
+
+    @property
+    def num_tokens(self) -> int:
+        return self._meta["num_tokens"]
+
+    @property
+    def num_empty_documents(self) -> int:
+        """Documents whose text encoded to no tokens (kept, holding only bos/eos if enabled)."""
+        return self._meta["num_empty_documents"]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def tokenizer_info(self) -> TokenizerInfo:
+        return TokenizerInfo(**self._meta["tokenizer"])
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._meta["tokenizer"].get("eos_id")
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._meta["tokenizer"].get("bos_id")
+
+    @property
+    def pad_id(self) -> int | None:
+        return self._meta["tokenizer"].get("pad_id")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._meta["tokenizer"]["vocab_size"]
+
+    @property
+    def num_files(self) -> int:
+        return len(self._records)
+
+    @property
+    def file_records(self) -> list[FileRecord]:
+        return list(self._records)
+
+    @property
+    def file_document_counts(self) -> list[int]:
+        """Documents per token file, in order (files are the loaders' shards)."""
+        return [r.num_documents for r in self._records]
+
+    @property
+    def file_token_counts(self) -> list[int]:
+        return [r.num_tokens for r in self._records]
+
+    @property
+    def file_document_starts(self) -> list[int]:
+        """Global index of each file's first document, plus the total (length files + 1)."""
+        return list(self._file_doc_starts)
+
+    @property
+    def doc_offsets(self) -> np.ndarray:
+        """Global token offset of each document, int64, length N+1 (read-only, cached).
+
+        With one file this is the file's mapped offsets (zero-copy); otherwise
+        one vectorised concatenation of the mapped per-file offsets.
+        """
+        if self._doc_offsets is None:
+            if len(self._offsets) == 1:
+                out = self._offsets[0]
+            else:
+                parts = [off[:-1] + base for off, base in zip(self._offsets, self._file_token_starts)]
+                parts.append(np.array([self.num_tokens], dtype=np.int64))
+                out = np.concatenate(parts).astype(np.int64, copy=False)
+                out.setflags(write=False)
+            self._doc_offsets = out
+        return self._doc_offsets
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per document (int64, read-only, cached): ``np.diff(doc_offsets)``."""
+        if self._lengths is None:
+            lengths = np.diff(self.doc_offsets).astype(np.int64, copy=False)
+            lengths.setflags(write=False)
+            self._lengths = lengths
+        return self._lengths
+
+    # ------------------------------------------------------------ access
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        return (f"TokenStore({str(self._path)!r}, documents={self._n}, tokens={self.num_tokens}, "
+                f"dtype={self._dtype.name}, files={len(self._records)})")
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for values, offsets in zip(self._values, self._offsets):
+            for j in range(len(offsets) - 1):
+                yield values[offsets[j] : offsets[j + 1]]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(file, local index)`` of document ``index`` (negative counts from the end)."""
+        i = self._normalise(index)
+        f = bisect.bisect_right(self._file_doc_starts, i) - 1
+        return f, i - self._file_doc_starts[f]
+
+    def _normalise(self, index: int) -> int:
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(f"document index must be an integer, not {type(index).__name__}") from None
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"document index {index} out of range for a store of {self._n} documents")
+        return i
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        """Document ``index`` as a read-only zero-copy view (dtype uint16/uint32)."""
+        i = self._normalise(index)
+        starts = self._file_doc_starts
+        f = 0 if len(starts) == 2 else bisect.bisect_right(starts, i) - 1
+        local = i - starts[f]
+        off = self._offsets[f]
+        return self._values[f][off[local] : off[local + 1]]
+
+    def tokens_for(self, doc_index: int, start: int | None = None, stop: int | None = None) -> np.ndarray:
+        """Tokens ``[start:stop]`` of one document (slice semantics), a zero-copy view."""
+        return self[doc_index][start:stop]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the concatenation of all documents in store order.
+
+        A zero-copy view when the range lies in one file, else one concatenation
+        (a loop over the files touched, never over documents). Raises IndexError
+        unless ``0 <= start <= stop <= num_tokens``.
+        """
+        start = operator.index(start)
+        stop = operator.index(stop)
+        total = self.num_tokens
+        if not 0 <= start <= stop <= total:
+            raise IndexError(f"token range [{start}, {stop}) out of bounds for a store of {total} tokens")
+        if start == stop:
+            return np.empty(0, dtype=self._dtype)
+        fts = self._file_token_starts
+        f0 = bisect.bisect_right(fts, start) - 1
+        f1 = bisect.bisect_right(fts, stop - 1) - 1
+        if f0 == f1:
+            return self._values[f0][start - fts[f0] : stop - fts[f0]]
+        parts = [self._values[f0][start - fts[f0] :]]
+        parts.extend(self._values[f] for f in range(f0 + 1, f1))
+        parts.append(self._values[f1][: stop - fts[f1]])
+        return np.concatenate(parts)
+
+    def gather(self, doc_indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Concatenate documents in the given order: ``(tokens, offsets)`` with ``offsets`` int64 of length k+1.
+
+        Vectorised (loops over files only); negative indices count from the end.
+        """
+        docs = np.asarray(doc_indices, dtype=np.int64).reshape(-1)
+        if docs.size and (docs.min() < -self._n or docs.max() >= self._n):
+            raise IndexError(f"document index out of range for a store of {self._n} documents")
+        docs = np.where(docs < 0, docs + self._n, docs)
+        doc_offsets = self.doc_offsets
+        starts = doc_offsets[docs]
+        lens = doc_offsets[docs + 1] - starts
+        out_offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(lens, out=out_offsets[1:])
+        total = int(out_offsets[-1])
+        positions = np.arange(total, dtype=np.int64) + np.repeat(starts - out_offsets[:-1], lens)
+        if len(self._values) == 1:
+            return self._values[0][positions], out_offsets
+        out = np.empty(total, dtype=self._dtype)
+        fts = np.asarray(self._file_token_starts, dtype=np.int64)
+        file_of = np.searchsorted(fts, positions, side="right") - 1
+        for f in np.unique(file_of):
+            mask = file_of == f
+            out[mask] = self._values[int(f)][positions[mask] - fts[f]]
+        return out, out_offsets
+
+    # ------------------------------------------------------------ integrity
+
+    def verify(self) -> None:
+        """Re-hash every file (reads all tokens) and check offsets and the fingerprint.
+
+        Raises :class:`StoreCorruptError` naming the first bad file. Use after
+        copying a store between machines or when a silent edit is suspected;
+        :meth:`open` alone only checks sizes and the bounded quick signatures.
+        """
+        for rec, offsets in zip(self._records, self._offsets):
+            fp = self._path / rec.name
+            try:
+                digest = sha256_file(fp)
+            except FileNotFoundError:
+                raise StoreCorruptError(f"token store {self._path}: file {rec.name} is missing; {REBUILD_HINT}") from None
+            if digest != rec.sha256:
+                raise StoreCorruptError(
+                    f"token store {self._path}: file {rec.name} changed since it was built (sha256 {digest[:16]}..., "
+                    f"recorded {rec.sha256[:16]}...); {REBUILD_HINT}"
+                )
+            if len(offsets) > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
+                raise StoreCorruptError(
+                    f"token store {self._path}: file {rec.name} has decreasing document offsets; {REBUILD_HINT}"
+                )
+        t = self._meta["tokenizer"]
+        expected = _content_fingerprint([r.sha256 for r in self._records], self._meta["dtype"], t.get("sha256", ""),
+                                        self._meta.get("options", {}).get("add_bos", False),
+                                        self._meta.get("options", {}).get("add_eos", True))
+        if expected != self.fingerprint:
+            raise StoreCorruptError(
+                f"token store {self._path}: {META_FILE} fingerprint does not match its files and options; {REBUILD_HINT}"
+            )
+
+    def close(self) -> None:
+        """Drop this object's references to the mapped files (views handed out stay valid)."""
+        self._values = []
+        self._offsets = []
+        self._doc_offsets = None
+        self._lengths = None
+
+    def __reduce__(self):
+        # Processes (e.g. DataLoader workers under spawn) get the path and fingerprint,
+        # never the tokens; the receiver re-opens and checks it sees the same store.
+        return (_reopen, (str(self._path), self.fingerprint))
+
+
+def _reopen(path: str, fingerprint: str) -> TokenStore:
+    store = TokenStore.open(path)
+    if store.fingerprint != fingerprint:
+        raise StoreCorruptError(
+            f"token store {path} changed (fingerprint {store.fingerprint[:16]}..., expected {fingerprint[:16]}...) "
+            f"between processes; {REBUILD_HINT}"
+        )
+    return store
+
+
+# --------------------------------------------------------------------------- build helpers
+
+
+def _version_of(module: str) -> str | None:
+    mod = sys.modules.get(module)
+    return getattr(mod, "__version__", None)
+
+
+def _describe(src: _Source) -> str:
+    return f"{src.kind} {json.dumps(src.description)[:200]}"
+
+
+def _remove_stale_temp_dirs(out: Path) -> None:
+    """Remove temp/old directories left by builders of ``out`` that crashed (caller holds the lock)."""
+    prefixes = (f".{out.name}.tmp-", f".{out.name}.old-")
+    for entry in out.parent.iterdir():
+        if entry.name.startswith(prefixes) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _existing_store(out: Path, build_key: str | None, overwrite: bool, src: _Source) -> TokenStore | None:
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        if overwrite:
+            raise StoreError(f"{out} is a file, not a store directory: remove it or choose another out_dir")
+        raise StoreError(f"{out} exists and is a file: choose another out_dir or remove it")
+    if not any(out.iterdir()):
+        return None
+    try:
+        store = TokenStore.open(out)
+    except StoreError as exc:
+        if overwrite:
+            return None
+        raise StoreError(
+            f"{out} exists but is not a valid token store ({exc}); pass overwrite=True to replace it or choose "
+            "another out_dir"
+        ) from exc
+    if build_key is not None and store.meta.get("build_key") == build_key and not overwrite:
+        return store
+    if overwrite:
+        return None
+    why = ("its source cannot be fingerprinted (an iterator), so it cannot be matched to the existing store"
+           if build_key is None else "it was built from a different source, tokenizer or options")
+    raise StoreError(
+        f"a token store already exists at {out} (fingerprint {store.fingerprint[:16]}...) and {why}: use "
+        "TokenStore.open to read it, pass overwrite=True to replace it, or choose another out_dir"
+    )
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def _tokenize_into(tmp: Path, src: _Source, tok_json: str, tinfo: TokenizerInfo, options: BuildOptions,
+                   dtype: str, num_proc: int | None, progress: bool) -> list[dict[str, Any]]:
+    bos_id = tinfo.bos_id if options.add_bos else None
+    eos_id = tinfo.eos_id if options.add_eos else None
+    ranges = _rechunk(src.batches(), options.docs_per_file)
+    wanted = _cpu_count() if num_proc is None else num_proc
+    if src.num_documents is not None:
+        wanted = min(wanted, max(1, math.ceil(src.num_documents / options.docs_per_file)))
+    head: list[list[str]] = []
+    if wanted > 1:
+        # Peek far enough to know whether there is more than one range to share out.
+        head = list(itertools.islice(ranges, wanted))
+        wanted = min(wanted, len(head))
+    ranges = itertools.chain(head, ranges)
+    bar = _progress_bar(progress, src.num_documents)
+    records: list[dict[str, Any]] = []
+    try:
+        if wanted <= 1:
+            enc = _Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=options.batch_size)
+            for index, texts in enumerate(ranges):
+                rec = enc.write_file(str(tmp / FILE_TEMPLATE.format(index)), texts, on_batch=bar.update)
+                records.append(rec)
+                _on_file_written(tmp, rec)
+        else:
+            threads = max(1, _cpu_count() // wanted)
+            ctx = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(
+                max_workers=wanted, mp_context=ctx, initializer=_worker_init,
+                initargs=(tok_json, dtype, bos_id, eos_id, options.batch_size, threads),
+            ) as pool:
+                pending: collections.deque = collections.deque()
+                try:
+                    for index, texts in enumerate(ranges):
+                        pending.append((len(texts), pool.submit(_worker_write, str(tmp / FILE_TEMPLATE.format(index)), texts)))
+                        while len(pending) > wanted:
+                            n, fut = pending.popleft()
+                            records.append(fut.result())
+                            bar.update(n)
+                    while pending:
+                        n, fut = pending.popleft()
+                        records.append(fut.result())
+                        bar.update(n)
+                except BaseException:
+                    for _, fut in pending:
+                        fut.cancel()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+    finally:
+        bar.close()
+    return records
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(enabled: bool, total: int | None) -> Any:
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm comes with datasets
+        return _NoBar()
+    return tqdm(total=total, unit="doc", desc="tokenizing", file=sys.stderr, dynamic_ncols=True)

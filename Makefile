@@ -22,6 +22,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m conformance.walkthrough
+	$(BIN)/loadspec demo
 
 test: $(STAMP)
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15
@@ -32,3 +33,33 @@ test-thorough:
 
 clean:
 	rm -rf $(VENV) .hypothesis .benchmarks
+
+# ---- benchmarks (benchmarks/README.md): a separate venv with the peers (MosaicML streaming, LitData, matplotlib)
+.PHONY: bench bench-env bench-compare bench-report test-bench-smoke
+BENCH_VENV := .venv-bench
+BENCH_BIN := $(BENCH_VENV)/bin
+BENCH_STAMP := $(BENCH_VENV)/.loadspec-bench-installed
+BENCH_PIP := $(BENCH_BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS)
+BENCH_SIZE ?= M
+BENCH_JSON := benchmarks/results/latest.json
+
+$(BENCH_STAMP): pyproject.toml benchmarks/requirements-bench.txt
+	@test -x $(BENCH_BIN)/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PIP) "torch==2.13.0"
+	$(BENCH_PIP) -e ".[test]" -r benchmarks/requirements-bench.txt
+	@touch $(BENCH_STAMP)
+
+bench-env: $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	LOADSPEC_BENCH_SIZE=$(BENCH_SIZE) $(BENCH_BIN)/python -m pytest benchmarks -q -ra -p no:randomly --benchmark-json=$(BENCH_JSON)
+	$(BENCH_BIN)/python -m benchmarks.rss --size $(BENCH_SIZE) --out benchmarks/results/rss-$(BENCH_SIZE).json
+
+bench-compare: $(BENCH_STAMP)
+	$(BENCH_BIN)/python -m benchmarks.compare $(BENCH_JSON)
+
+bench-report: $(BENCH_STAMP)
+	$(BENCH_BIN)/python -m benchmarks.report $(BENCH_JSON)
+
+test-bench-smoke: $(STAMP)
+	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable

@@ -120,12 +120,7 @@ def file_lock(
     try:
         op = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         if timeout is None:
-            while True:
-                try:
-                    fcntl.flock(fd, op)
-                    break
-                except InterruptedError:  # pragma: no cover - retried by Python on EINTR already
-                    continue
+            fcntl.flock(fd, op)  # blocks; EINTR is retried by Python (PEP 475)
         else:
             deadline = time.monotonic() + timeout
             while True:

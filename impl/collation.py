@@ -106,7 +106,9 @@ def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     full-length, fully masked sample, not a short one), so stacking never pads
     and never guesses a pad value. With ``position_ids`` present, adds
     ``cu_seqlens`` (int32) and ``max_seqlen`` (int) over the flattened batch
-    (COLL-8). 0-d fields (``epoch``, ``sample_index``) become ``[B]``.
+    (COLL-8), replacing any per-sample ``cu_seqlens`` (``PackedDataset``
+    ships one per sample; the batch needs them over the flattened batch).
+    0-d fields (``epoch``, ``sample_index``) become ``[B]``.
 
     Why strict: a field silently dropped or padded with the wrong value is data
     loss no later stage can see (COLL-10's reasoning).
@@ -117,13 +119,16 @@ def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for s, sample in enumerate(batch):
         require(set(sample) == set(keys), ConfigError,
                 f"batch[{s}] has fields {sorted(sample)} but batch[0] has {sorted(keys)}; every sample needs the same fields")
+    varlen = "position_ids" in keys
     for key in keys:
+        if varlen and key == "cu_seqlens":
+            continue  # a sample's own boundaries; the batch's come from position_ids below
         values = [torch.as_tensor(sample[key]) for sample in batch]
         shapes = {tuple(v.shape) for v in values}
         require(len(shapes) == 1, ConfigError,
                 f"field {key!r} has shapes {sorted(shapes)} across the batch; collate stacks equal shapes only: "
                 "pad the rows first with impl.collation.pad_stack_1d")
         out[key] = torch.stack(values)
-    if "position_ids" in out:
+    if varlen:
         out["cu_seqlens"], out["max_seqlen"] = cu_seqlens(out["position_ids"])
     return out

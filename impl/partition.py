@@ -35,22 +35,11 @@ Worked example (S = 10 samples, 2 ranks, B = 2, so G = 4)::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
+from impl.dataset import SampleKey  # the key type PackedDataset.__getitem__ accepts
 from impl.errors import ConfigError, StateError, TopologyError, require
 from reference.partition import PADDING, PartitionConfig, advance, steps_in_epoch
-
-try:  # the dataset defines the key type its __getitem__ accepts; share it when present
-    from impl.dataset import SampleKey
-except ModuleNotFoundError as _missing:  # pragma: no cover - only while impl/dataset.py does not exist yet
-    if _missing.name != "impl.dataset":
-        raise
-
-    class SampleKey(NamedTuple):  # type: ignore[no-redef]
-        """Which sample to compute: ``index`` of epoch ``epoch``'s global stream (``-1``: padding)."""
-
-        epoch: int
-        index: int
 
 __all__ = ["ElasticSampler", "SampleKey", "group_batch", "distributed_topology"]
 

@@ -388,16 +388,7 @@ class _Encoder:
     def write_file(self, path: str, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
         values, offsets, num_empty = self.encode(texts, on_batch)
         _write_token_file(path, values, offsets)
-        size = os.path.getsize(path)
-        return FileRecord(
-            name=os.path.basename(path),
-            num_documents=len(offsets) - 1,
-            num_tokens=int(offsets[-1]),
-            num_empty_documents=num_empty,
-            size=size,
-            sha256=sha256_file(path),
-            quick_signature=quick_signature(path, size),
-        ).to_json()
+        return _file_record(path, offsets, num_empty)
 
 
 def _arrow_type(dtype: np.dtype) -> pa.DataType:
@@ -929,9 +920,11 @@ class TokenStore:
         >>> store[1]                      # the empty document is kept: just eos   # doctest: +SKIP
         array([50256], dtype=uint16)
         >>> store.lengths, store.doc_offsets                                 # doctest: +SKIP
-        (array([3, 1, 2]), array([0, 3, 4, 6]))
+        (array([3, 1, 3]), array([0, 3, 4, 7]))
         >>> store.read(2, 5)              # tokens [2, 5) of the concatenation      # doctest: +SKIP
-        array([50256, 50256, 33, ...], dtype=uint16)
+        array([50256, 50256,  3886], dtype=uint16)
+        >>> store.gather([2, 0])          # documents 2 then 0, concatenated        # doctest: +SKIP
+        (array([ 3886,    68, 50256, 15496,   995, 50256], dtype=uint16), array([0, 3, 6]))
 
     Why the API looks like this: loaders only ever need "document d", "tokens
     [a, b) of document d" and "tokens [a, b) of all documents in store order".
@@ -1016,6 +1009,9 @@ class TokenStore:
                 f"{where} holds {len(col)} documents, {rec.num_documents} when built; {REBUILD_HINT}"
             )
         offsets = col.offsets.to_numpy(zero_copy_only=True)
+        if len(offsets) == 0:  # Arrow may store a 0-length list array with no offsets at all
+            offsets = np.zeros(1, dtype=np.int64)
+            offsets.setflags(write=False)
         values = col.values.to_numpy(zero_copy_only=True)
         if (len(offsets) != rec.num_documents + 1 or int(offsets[0]) != 0
                 or int(offsets[-1]) != rec.num_tokens or len(values) != rec.num_tokens):
@@ -1108,8 +1104,9 @@ class TokenStore:
         (e.g. by a concurrent builder), that store is returned; a different
         store raises :class:`StoreError` unless ``overwrite=True``.
 
-        Raises :class:`EmptyDataError` for a source with no documents (or no
-        tokens at all), :class:`TokenizerError` if a needed special token is
+        Raises :class:`EmptyDataError` for a source with no documents (a
+        source whose documents are all empty is stored: they are counted in
+        ``num_empty_documents``), :class:`TokenizerError` if a needed special token is
         missing, :class:`SourceError`/:class:`ConfigError` for unreadable input.
         """
         options = BuildOptions(
@@ -1143,73 +1140,115 @@ class TokenStore:
                 "dtype": dtype,
                 "source": src.fingerprint,
             }, sort_keys=True).encode()).hexdigest()
+        if src.num_documents == 0:
+            raise EmptyDataError(
+                f"source has no documents: {_describe(src)}; nothing to store (check the path, split or filter "
+                "that produced it)"
+            )
 
-        out = Path(os.path.abspath(os.fspath(out_dir)))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with file_lock(lock_path_for(out)):
-            _remove_stale_temp_dirs(out)
-            existing = _existing_store(out, build_key, overwrite, src)
-            if existing is not None:
-                return existing
-            tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            tmp.mkdir()
-            trash: Path | None = None
+        def produce(tmp: Path) -> dict[str, Any]:
+            records = _tokenize_into(tmp, src, tok_json, tinfo, options, dtype, num_proc, progress)
+            if not records:
+                raise EmptyDataError(
+                    f"source has no documents: {_describe(src)}; nothing to store (check the path, split "
+                    "or filter that produced it)"
+                )
+            return _make_meta(
+                records, dtype=dtype, tinfo=tinfo, options=options.to_json(), add_bos=add_bos, add_eos=add_eos,
+                source={"kind": src.kind, "description": src.description, "fingerprint": src.fingerprint},
+                build_key=build_key,
+            )
+
+        return _publish(cls, out_dir, build_key, overwrite, produce)
+
+    @classmethod
+    def from_token_files(
+        cls,
+        files: Sequence[Sequence[Sequence[int]]],
+        out_dir: str | os.PathLike,
+        *,
+        vocab_size: int | None = None,
+        eos_id: int | None = None,
+        bos_id: int | None = None,
+        pad_id: int | None = None,
+        overwrite: bool = False,
+        progress: bool = False,
+    ) -> TokenStore:
+        """Write already-tokenized documents as a store: ``files[f][j]`` is document j of store file f.
+
+        Why: tests, the conformance kit and pipelines that tokenize elsewhere
+        need stores whose file structure they choose (one store file per input
+        file, files with zero documents, documents with zero tokens). Tokens
+        are stored as given (no bos/eos added); ids must lie in
+        ``[0, vocab_size)`` (``vocab_size`` defaults to the largest id + 1) and
+        choose uint16 or uint32 as in :meth:`build`. Unlike :meth:`build`, an
+        empty corpus is written (``num_documents == 0``): refusing it is the
+        loaders' job (EmptyDataError). Same lock/temp-dir/rename protocol and
+        the same "return the identical existing store" rule as :meth:`build`.
+        """
+        prepared: list[tuple[np.ndarray, np.ndarray]] = []
+        digest = hashlib.sha256(b"loadspec-token-files-v1\0")
+        max_id = -1
+        for f, docs in enumerate(files):
+            docs = list(docs)
+            lens = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+            total = int(lens.sum())
             try:
-                records = _tokenize_into(tmp, src, tok_json, tinfo, options, dtype, num_proc, progress)
-                num_docs = sum(r["num_documents"] for r in records)
-                num_tokens = sum(r["num_tokens"] for r in records)
-                if num_docs == 0:
-                    raise EmptyDataError(
-                        f"source has no documents: {_describe(src)}; nothing to store (check the path, split "
-                        "or filter that produced it)"
-                    )
-                if num_tokens == 0:
-                    raise EmptyDataError(
-                        f"source has {num_docs} documents but all are empty and add_bos/add_eos are off, so the "
-                        f"store would hold no tokens: {_describe(src)}; set add_eos=True or fix the source"
-                    )
-                now = datetime.datetime.now(datetime.timezone.utc)
-                meta = {
-                    "format": FORMAT_NAME,
-                    "format_version": FORMAT_VERSION,
-                    "dtype": dtype,
-                    "num_documents": num_docs,
-                    "num_tokens": num_tokens,
-                    "num_empty_documents": sum(r["num_empty_documents"] for r in records),
-                    "files": records,
-                    "fingerprint": _content_fingerprint([r["sha256"] for r in records], dtype, tinfo.sha256,
-                                                        add_bos, add_eos),
-                    "tokenizer": tinfo.to_json(),
-                    "options": options.to_json(),
-                    "source": {"kind": src.kind, "description": src.description, "fingerprint": src.fingerprint},
-                    "build_key": build_key,
-                    "build_id": uuid.uuid4().hex,
-                    "created": now.isoformat(),
-                    "layout": {
-                        "file_format": "arrow-ipc-file",
-                        "column": COLUMN,
-                        "type": str(_arrow_type(np.dtype(dtype))),
-                        "quick_signature_bytes": QUICK_SIGNATURE_BYTES,
-                    },
-                    "versions": {"pyarrow": pa.__version__, "numpy": np.__version__,
-                                 "tokenizers": _version_of("tokenizers")},
-                }
-                atomic_write_json(tmp / META_FILE, meta)
-                fsync_dir(tmp)
-                if out.exists():
-                    if out.is_dir() and not any(out.iterdir()):
-                        out.rmdir()
-                    else:
-                        trash = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-                        os.rename(out, trash)
-                os.rename(tmp, out)
-                fsync_dir(out.parent)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
-            return cls.open(out)
+                flat = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int64, count=total)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ConfigError(f"file {f}: documents must be sequences of integer token ids ({exc})") from exc
+            if total and int(flat.min()) < 0:
+                raise ConfigError(f"file {f}: negative token id {int(flat.min())}; token ids are >= 0")
+            if total:
+                max_id = max(max_id, int(flat.max()))
+            offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+            np.cumsum(lens, out=offsets[1:])
+            digest.update(len(docs).to_bytes(8, "little"))
+            digest.update(offsets.tobytes())
+            digest.update(flat.tobytes())
+            prepared.append((flat, offsets))
+        specials = [i for i in (eos_id, bos_id, pad_id) if i is not None]
+        bound = max([max_id, *specials]) + 1
+        if vocab_size is None:
+            vocab_size = max(bound, 1)
+        elif isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < bound:
+            raise ConfigError(
+                f"vocab_size={vocab_size!r} but the documents/special ids use id {bound - 1}: pass a vocab_size "
+                "larger than every token id (or leave it None)"
+            )
+        if vocab_size > 1 << 32:
+            raise ConfigError(f"vocab_size={vocab_size} does not fit uint32 token ids")
+        dtype = "uint16" if vocab_size <= _UINT16_LIMIT else "uint32"
+        ident = json.dumps({"pretokenized": True, "vocab_size": vocab_size, "eos": eos_id, "bos": bos_id,
+                            "pad": pad_id}, sort_keys=True)
+        tinfo = TokenizerInfo(
+            sha256=hashlib.sha256(ident.encode()).hexdigest(), class_name="pretokenized", vocab_size=vocab_size,
+            eos_id=eos_id, bos_id=bos_id, pad_id=pad_id, eos_token=None, bos_token=None, pad_token=None,
+        )
+        source_fp = digest.hexdigest()
+        build_key = hashlib.sha256(json.dumps(
+            {"format_version": FORMAT_VERSION, "tokenizer": tinfo.to_json(), "dtype": dtype, "source": source_fp},
+            sort_keys=True).encode()).hexdigest()
+
+        def produce(tmp: Path) -> dict[str, Any]:
+            records = []
+            bar = _progress_bar(progress, len(prepared))
+            try:
+                for index, (flat, offsets) in enumerate(prepared):
+                    path = str(tmp / FILE_TEMPLATE.format(index))
+                    _write_token_file(path, flat.astype(dtype), offsets)
+                    records.append(_file_record(path, offsets, int(np.count_nonzero(np.diff(offsets) == 0))))
+                    bar.update(1)
+            finally:
+                bar.close()
+            options = {"pretokenized": True, "add_bos": False, "add_eos": False, "text_field": None,
+                       "batch_size": None, "docs_per_file": None}
+            return _make_meta(records, dtype=dtype, tinfo=tinfo, options=options, add_bos=False, add_eos=False,
+                              source={"kind": "token_files", "description": f"{len(prepared)} files",
+                                      "fingerprint": source_fp},
+                              build_key=build_key)
+
+        return _publish(cls, out_dir, build_key, overwrite, produce)
 
     # ------------------------------------------------------------ properties
 
@@ -1475,6 +1514,86 @@ def _describe(src: _Source) -> str:
     return f"{src.kind} {json.dumps(src.description)[:200]}"
 
 
+def _file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, Any]:
+    size = os.path.getsize(path)
+    return FileRecord(
+        name=os.path.basename(path),
+        num_documents=len(offsets) - 1,
+        num_tokens=int(offsets[-1]),
+        num_empty_documents=num_empty,
+        size=size,
+        sha256=sha256_file(path),
+        quick_signature=quick_signature(path, size),
+    ).to_json()
+
+
+def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInfo, options: dict[str, Any],
+               add_bos: bool, add_eos: bool, source: dict[str, Any], build_key: str | None) -> dict[str, Any]:
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype,
+        "num_documents": sum(r["num_documents"] for r in records),
+        "num_tokens": sum(r["num_tokens"] for r in records),
+        "num_empty_documents": sum(r["num_empty_documents"] for r in records),
+        "files": records,
+        "fingerprint": _content_fingerprint([r["sha256"] for r in records], dtype, tinfo.sha256, add_bos, add_eos),
+        "tokenizer": tinfo.to_json(),
+        "options": options,
+        "source": source,
+        "build_key": build_key,
+        "build_id": uuid.uuid4().hex,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "layout": {
+            "file_format": "arrow-ipc-file",
+            "column": COLUMN,
+            "type": str(_arrow_type(np.dtype(dtype))),
+            "quick_signature_bytes": QUICK_SIGNATURE_BYTES,
+        },
+        "versions": {"pyarrow": pa.__version__, "numpy": np.__version__, "tokenizers": _version_of("tokenizers")},
+    }
+
+
+def _publish(cls: type[TokenStore], out_dir: str | os.PathLike, build_key: str | None, overwrite: bool,
+             produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
+    """Run ``produce(tmp_dir) -> meta`` under the out_dir lock and rename the result into place.
+
+    The lock serialises builders of one ``out_dir``; the temporary sibling
+    directory (``.<name>.tmp-<pid>-<random>``) is never what ``open`` looks at,
+    and ``meta.json`` is written last, so a crash at any point leaves either no
+    store or the previous one. Leftovers of crashed builders are removed by the
+    next builder (it holds the lock, so none of them is still running).
+    """
+    out = Path(os.path.abspath(os.fspath(out_dir)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock_path_for(out)):
+        _remove_stale_temp_dirs(out)
+        existing = _existing_store(out, build_key, overwrite)
+        if existing is not None:
+            return existing
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+        trash: Path | None = None
+        try:
+            meta = produce(tmp)
+            atomic_write_json(tmp / META_FILE, meta)
+            fsync_dir(tmp)
+            if out.exists():
+                if out.is_dir() and not any(out.iterdir()):
+                    out.rmdir()
+                else:
+                    trash = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+                    os.rename(out, trash)
+            os.rename(tmp, out)
+            fsync_dir(out.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+        return cls.open(out)
+
+
 def _remove_stale_temp_dirs(out: Path) -> None:
     """Remove temp/old directories left by builders of ``out`` that crashed (caller holds the lock)."""
     prefixes = (f".{out.name}.tmp-", f".{out.name}.old-")
@@ -1483,7 +1602,7 @@ def _remove_stale_temp_dirs(out: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _existing_store(out: Path, build_key: str | None, overwrite: bool, src: _Source) -> TokenStore | None:
+def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenStore | None:
     if not out.exists():
         return None
     if not out.is_dir():
@@ -1520,6 +1639,27 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def _spawn_can_start() -> bool:
+    """False when spawned children could not re-import ``__main__`` (e.g. ``python - < script``).
+
+    multiprocessing's spawn re-runs the parent's main file in each child; when
+    that "file" is ``<stdin>`` the children die at start-up and a process pool
+    waits forever, so such builds run in-process instead (same output).
+    """
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        import warnings
+
+        warnings.warn(
+            f"__main__ is {main_file!r}, which spawned worker processes cannot import; tokenizing in-process "
+            "(run from a script file, with an `if __name__ == '__main__':` guard, to use num_proc > 1)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
 def _tokenize_into(tmp: Path, src: _Source, tok_json: str, tinfo: TokenizerInfo, options: BuildOptions,
                    dtype: str, num_proc: int | None, progress: bool) -> list[dict[str, Any]]:
     bos_id = tinfo.bos_id if options.add_bos else None
@@ -1534,6 +1674,8 @@ def _tokenize_into(tmp: Path, src: _Source, tok_json: str, tinfo: TokenizerInfo,
         head = list(itertools.islice(ranges, wanted))
         wanted = min(wanted, len(head))
     ranges = itertools.chain(head, ranges)
+    if wanted > 1 and not _spawn_can_start():
+        wanted = 1
     bar = _progress_bar(progress, src.num_documents)
     records: list[dict[str, Any]] = []
     try:

@@ -89,7 +89,7 @@ def buffer_range(n: int, config: BucketConfig, buffer_index: int) -> range:
     >>> buffer_range(10, BucketConfig(buffer_size=4, pack_size=2), 2)
     range(8, 10)
 
-    Clauses: BUCK-1.
+    Clauses: BUCK-1, BUCK-8.
     """
     count = num_buffers(n, config)
     require(_is_int(buffer_index) and 0 <= buffer_index < count, ConfigError,
@@ -124,7 +124,7 @@ def bucket_packs(lengths: Sequence[int], config: BucketConfig, epoch: int, buffe
     >>> sorted(sorted(pack) for pack in packs)
     [[0, 1, 2], [3, 4, 5]]
 
-    Clauses: BUCK-2, BUCK-3, BUCK-4, BUCK-5, BUCK-6.
+    Clauses: BUCK-2, BUCK-3, BUCK-4, BUCK-5, BUCK-6, BUCK-8.
     """
     positions = buffer_range(len(lengths), config, buffer_index)
     for i in positions:
@@ -174,7 +174,7 @@ def bucket_at(lengths: Sequence[int], config: BucketConfig, epoch: int, position
     >>> bucket_at([5, 1, 4, 1, 9, 2, 6, 5], BucketConfig(buffer_size=4, pack_size=2), 0, 5)
     5
 
-    Clauses: BUCK-7.
+    Clauses: BUCK-7, BUCK-8.
     """
     n = len(lengths)
     require(_is_int(position) and 0 <= position < n, ConfigError,

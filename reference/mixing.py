@@ -35,6 +35,7 @@ Worked example (round robin over sizes [1, 3])::
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -56,7 +57,7 @@ def _is_int(value: object) -> bool:
 
 
 def _is_weight(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -317,7 +318,7 @@ def next_item(state: MixState, source_sizes: Sequence[int], config: MixConfig, e
     >>> s.step, s.taken, s.cursor, s.next_source
     (1, (1, 0), (1, 0), 1)
 
-    Clauses: MIX-1, MIX-2, MIX-3, MIX-4, MIX-5, MIX-6, MIX-7, MIX-8, MIX-9, MIX-10.
+    Clauses: MIX-1, MIX-2, MIX-3, MIX-4, MIX-5, MIX-6, MIX-7, MIX-8, MIX-9, MIX-10, MIX-12.
     """
     sizes = _check_sizes(source_sizes)
     require(isinstance(config, MixConfig), ConfigError, f"config={config!r} must be a MixConfig")
@@ -376,7 +377,7 @@ def mix(source_sizes: Sequence[int], config: MixConfig, epoch: int, *,
     weight_fn's responsibility: one that never picks some non-empty source
     yields an endless stream.
 
-    Clauses: MIX-1, MIX-6, MIX-7, MIX-8, MIX-9.
+    Clauses: MIX-1, MIX-6, MIX-7, MIX-8, MIX-9, MIX-12.
     """
     state = initial_state(len(source_sizes))
     out: list[Item] = []

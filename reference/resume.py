@@ -11,14 +11,15 @@ count (RES-4, RES-5).
 
 Clauses: RES-1 .. RES-7.
 
-Worked example (6 one-token-longer-than-L documents, L = 2, two ranks, B = 1)::
+Worked example (3 documents of 3 tokens, L = 2, one document per sample, so each is split into
+2 chunks and the epoch holds 6 samples; two ranks, B = 1)::
 
     >>> from reference.packing import PackingConfig
     >>> corpus = [[[1, 2, 3], [4, 5, 6]], [[7, 8, 9]]]
     >>> cfg = PipelineConfig(packing=PackingConfig(seq_len=2, mode="none"))
     >>> a = ReferenceLoader(corpus, cfg, Topology(world_size=2, rank=0))
     >>> [[row.sample_index for row in batch] for batch in a]
-    [[0], [2]]
+    [[0], [2], [4]]
     >>> a.state_dict()["epoch"], a.state_dict()["consumed"]
     (1, 0)
 """

@@ -20,7 +20,6 @@ test the loader layer alone.
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 from conformance.adapter import CAPABILITIES, CanonicalRow
 from impl.errors import ConfigError, require
 from impl.loader import ElasticLoader, build_dataloader
-from reference.resume import Corpus, PipelineConfig, Topology, canonical_json
+from reference.resume import Corpus, PipelineConfig, Topology, canonical_json, pipeline_fingerprint
 
 ROW_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 
@@ -67,59 +66,60 @@ def corpus_key(corpus: Corpus) -> str:
     return hashlib.sha256(canonical_json([[list(d) for d in f] for f in corpus]).encode()).hexdigest()[:24]
 
 
-_WRITERS = ("from_documents", "from_tokens", "write_tokens", "build_from_tokens", "from_token_files")
-
-
-def _token_writer() -> Callable[..., Any]:
-    from impl import store as store_module
-
-    for name in _WRITERS:
-        writer = getattr(store_module.TokenStore, name, None) or getattr(store_module, name, None)
-        if callable(writer):
-            return writer
-    try:
-        import impl.dataset as dataset_module
-    except ModuleNotFoundError:
-        dataset_module = None
-    for name in _WRITERS:
-        writer = getattr(dataset_module, name, None)
-        if callable(writer):
-            return writer
-    raise ConfigError("impl has no writer of pre-tokenized documents (looked for TokenStore."
-                      f"{'/'.join(_WRITERS)}); the impl adapter needs one to turn a corpus into a store")
-
-
 def build_store(corpus: Corpus, workdir: Path) -> Any:
-    """The corpus as a token store in ``workdir/stores/<hash>``, one store file per corpus file (built once)."""
+    """The corpus as a token store in ``workdir/stores/<hash>``, one store file per corpus file (built once).
+
+    ``TokenStore.from_token_files`` keeps files with no documents and
+    documents with no tokens, so ``store.file_document_counts`` is the
+    corpus's file sizes and file-level ordering matches the reference.
+    """
     from impl.store import TokenStore
 
     path = Path(workdir) / "stores" / corpus_key(corpus)
     if (path / "meta.json").exists():
         return TokenStore.open(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    files = [[list(doc) for doc in f] for f in corpus]
-    writer = _token_writer()
-    params = inspect.signature(writer).parameters
-    kwargs: dict[str, Any] = {}
-    if "overwrite" in params:
-        kwargs["overwrite"] = True
-    if "progress" in params:
-        kwargs["progress"] = False
-    result = writer(files, path, **kwargs)
-    return result if hasattr(result, "fingerprint") else TokenStore.open(path)
+    return TokenStore.from_token_files([[list(doc) for doc in f] for f in corpus], path)
+
+
+class _NoSamples:
+    """The dataset of a pipeline with no sample in any epoch, for a store ``PackedDataset`` refused.
+
+    Why: ``PackedDataset`` refuses such a store with ``EmptyDataError`` (a
+    production job should stop there), while the reference yields no batch.
+    The adapter checks that the refusal is exactly that case (the reference
+    packs zero samples) and then runs the real ``ElasticLoader`` over zero
+    samples, so state, fingerprint and ``set_epoch`` are still impl's.
+    """
+
+    def __init__(self, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
+        self.epoch = 0
+
+    def num_samples(self, epoch: int) -> int:
+        return 0
+
+    def __getitem__(self, key: Any) -> Any:
+        raise IndexError(f"{key!r}: this pipeline has no samples")
+
+    def __len__(self) -> int:
+        return 0
 
 
 def build_packed_dataset(corpus: Corpus, config: PipelineConfig, workdir: Path) -> Any:
-    """``impl.dataset.PackedDataset`` equivalent to ``config`` over the corpus's store."""
+    """``impl.dataset.PackedDataset.from_config`` over the corpus's store (``_NoSamples`` where it refuses empty data)."""
     from impl.dataset import PackedDataset
+    from impl.errors import EmptyDataError
+    from reference.packing import num_samples
 
     store = build_store(corpus, workdir)
-    from_config = getattr(PackedDataset, "from_config", None)
-    cache_dir = Path(workdir) / "cache"
-    if callable(from_config):
-        dataset = from_config(store, config, cache_dir=cache_dir)
-    else:  # pragma: no cover - depends on the dataset's constructor
-        raise ConfigError("impl.dataset.PackedDataset has no from_config(store, config); the adapter needs it")
+    try:
+        dataset = PackedDataset.from_config(store, config, cache_dir=Path(workdir) / "plans")
+    except EmptyDataError:
+        lengths = [len(doc) for f in corpus for doc in f]
+        if num_samples(lengths, config.packing):
+            raise
+        return _NoSamples(pipeline_fingerprint(store.fingerprint, config))
     require(dataset.config == config, ConfigError,
             f"PackedDataset built for {config} reports config {dataset.config}: it cannot express this pipeline")
     return dataset

@@ -84,18 +84,21 @@ def _oracle_weighted(sizes, weights, stopping, seed, epoch):
 # --- MIX-1: stream, steps and per-source order -------------------------------------------------
 
 
-@pytest.mark.clause("MIX-1")
+@pytest.mark.clause("MIX-1", "MIX-7", "MIX-8")
 @given(sizes=sizes_st, stopping=stopping_st, weighted=st.booleans(), seed=seed_st)
 def test_each_source_emits_its_items_in_order_and_steps_count_every_draw(sizes, stopping, weighted, seed):
     config = MixConfig(weights=(1.0,) * len(sizes) if weighted else None, stopping=stopping, seed=seed)
     repro = {"sizes": sizes, "config": config}
-    items, _, final = _states(sizes, config, 0)
+    items, states, final = _states(sizes, config, 0)
     for s, n in enumerate(sizes):
         mine = [j for src, j in items if src == s]
         assert_equal(mine, [k % n for k in range(len(mine))] if n else [], clause="MIX-1",
                      what=f"items of source {s}", repro=repro)
     ending_draw = 1 if stopping == "first_exhausted" else 0
     assert_equal(final.step, len(items) + ending_draw, clause="MIX-1", what="final step", repro=repro)
+    if items and stopping != "first_exhausted":
+        check(states[-1].done, clause="MIX-7" if stopping == "all_exhausted" else "MIX-8",
+              what="the state returned with the last item is not done", repro=repro)
     assert_equal(mix(sizes, config, 0), items, clause="MIX-1", what="mix() vs next_item loop", repro=repro)
 
 

@@ -1,0 +1,221 @@
+"""Real multi-process jobs for the gloo tests: launch W ranks, train in lockstep, checkpoint, crash, resume.
+
+Why real processes: "resumes on another world size" and "survives kill -9"
+are claims about separate address spaces, a real process group and files on
+disk. Mocks would test the mock. Each rank here is ``python -m
+conformance.distributed JOB.json RANK``: it joins a gloo process group through
+a ``file://`` rendezvous in the test's directory (traffic stays on loopback),
+builds ``impl.loader.build_dataloader`` over a ``PackedDataset`` with rank and
+world size taken from the process group, and "trains": per step it appends
+the global sample indices it received (and a checksum of their tokens) to its
+own JSON-lines log, flushes, and joins an ``all_reduce`` so ranks move in
+lockstep. Every ``checkpoint_every`` steps the ranks check that they agree on
+the position, meet at a barrier, and rank 0 writes ``{"step", "state"}``
+atomically (``impl._atomic.atomic_write_json``): a reader sees the previous
+checkpoint or the new one, never a torn file.
+
+The launcher (:func:`run_job`) puts a timeout on every wait and kills every
+rank it started when one fails or time runs out, as a job scheduler tears a
+job down, so CI never hangs.
+
+Worked example (what ``conformance/tests/test_distributed_gloo.py`` does)::
+
+    job = Job(store="…/store", config=config.to_json(), batch_size=4, stop_at=3, checkpoint_every=3,
+              checkpoint="…/ckpt.json", log_dir="…/run1")
+    run_job(job, world_size=2, workdir=tmp)               # 2 ranks, 3 steps, checkpoint
+    run_job(dataclasses.replace(job, stop_at=None, resume_from="…/ckpt.json", log_dir="…/run2"),
+            world_size=3, workdir=tmp)                     # the rest of the epoch on 3 ranks
+    read_logs("…/run1"), read_logs("…/run2")               # {rank: [{"step", "epoch", "indices", "sums"}, …]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+JOIN_TIMEOUT = 120.0
+"""Seconds a whole job may take before every rank is killed (CI must never hang)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Job:
+    """What every rank of one launch runs (written as JSON for the rank processes)."""
+
+    store: str
+    config: dict[str, Any]
+    batch_size: int
+    log_dir: str
+    checkpoint: str
+    checkpoint_every: int = 1
+    stop_at: int | None = None
+    """Stop after this global step (None: at the end of the epoch)."""
+    resume_from: str | None = None
+    die_at: tuple[int, int] | None = None
+    """``(rank, step)``: that rank SIGKILLs itself right after logging that step (before its all_reduce)."""
+    num_workers: int = 0
+    timeout: float = 60.0
+    """Seconds a collective waits for a peer (gloo's timeout)."""
+
+
+def _pipeline_config(data: dict[str, Any]):
+    from reference.ordering import OrderingConfig
+    from reference.packing import PackingConfig
+    from reference.resume import PipelineConfig
+
+    return PipelineConfig(packing=PackingConfig(**data["packing"]), ordering=OrderingConfig(**data["ordering"]),
+                          end=data["end"])
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def run_rank(job: Job, rank: int, world_size: int, init_method: str) -> None:
+    """The body of rank ``rank``: join the group, resume if asked, train, log and checkpoint."""
+    import torch
+    import torch.distributed as dist
+
+    from impl._atomic import atomic_write_json
+    from impl.dataset import PackedDataset
+    from impl.loader import build_dataloader
+    from impl.store import TokenStore
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=job.timeout))
+    try:
+        dataset = PackedDataset.from_config(TokenStore.open(job.store), _pipeline_config(job.config),
+                                            cache_dir=Path(job.store).parent / "plans")
+        loader = build_dataloader(dataset, batch_size=job.batch_size, num_workers=job.num_workers)
+        step = 0
+        if job.resume_from:
+            saved = json.loads(Path(job.resume_from).read_text())
+            loader.load_state_dict(saved["state"])
+            step = saved["step"]
+        log_path = Path(job.log_dir) / f"rank{rank}.jsonl"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            for batch in loader:
+                step += 1
+                line = {"step": step, "epoch": batch["epoch"].tolist(), "indices": batch["sample_index"].tolist(),
+                        "sums": batch["input_ids"].sum(dim=1).tolist()}
+                log.write(json.dumps(line) + "\n")
+                log.flush()
+                if job.die_at is not None and tuple(job.die_at) == (rank, step):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                dist.all_reduce(torch.tensor([float(len(line["indices"]))]))
+                if step % job.checkpoint_every == 0 or step == job.stop_at:
+                    position = torch.tensor([loader.epoch, loader.consumed, -loader.epoch, -loader.consumed])
+                    dist.all_reduce(position, op=dist.ReduceOp.MAX)
+                    if position[:2].tolist() != (-position[2:]).tolist():
+                        raise RuntimeError(f"ranks disagree on the position at step {step}: max {position.tolist()}")
+                    dist.barrier()
+                    if rank == 0:
+                        atomic_write_json(job.checkpoint, {"step": step, "world_size": world_size,
+                                                           "state": loader.state_dict()})
+                if job.stop_at is not None and step >= job.stop_at:
+                    break
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    job_path, rank = argv[0], int(argv[1])
+    raw = json.loads(Path(job_path).read_text())
+    job = Job(**{k: (tuple(v) if k == "die_at" and v is not None else v) for k, v in raw["job"].items()})
+    run_rank(job, rank, raw["world_size"], raw["init_method"])
+    return 0
+
+
+# --------------------------------------------------------------------------- the launcher
+
+
+@dataclasses.dataclass
+class JobResult:
+    returncodes: list[int]
+    stderr: list[str]
+    seconds: float
+
+    def describe(self) -> str:
+        tails = "\n".join(f"--- rank {r} (exit {c}):\n{e[-1500:]}" for r, (c, e) in enumerate(zip(self.returncodes, self.stderr)))
+        return f"exit codes {self.returncodes} after {self.seconds:.1f}s\n{tails}"
+
+
+def run_job(job: Job, world_size: int, workdir: Path, *, timeout: float = JOIN_TIMEOUT) -> JobResult:
+    """Run every rank of ``job`` as its own process; kill them all when one fails or ``timeout`` passes.
+
+    Returns exit codes (``-9``: killed by SIGKILL) and each rank's stderr. A
+    rank that exits non-zero makes the launcher kill the others at once, as a
+    job scheduler would; the caller decides whether that was expected.
+    """
+    workdir = Path(workdir)
+    launch = uuid.uuid4().hex[:12]
+    job_file = workdir / f"job-{launch}.json"
+    rendezvous = workdir / f"rendezvous-{launch}"
+    job_file.write_text(json.dumps({"job": dataclasses.asdict(job), "world_size": world_size,
+                                    "init_method": f"file://{rendezvous}"}))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+               GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    errs = [open(workdir / f"stderr-{launch}-rank{r}.txt", "w+b") for r in range(world_size)]
+    start = time.monotonic()
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(world_size):
+            procs.append(subprocess.Popen([sys.executable, "-m", "conformance.distributed", str(job_file), str(r)],
+                                          cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=errs[r]))
+        deadline = start + timeout
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        timed_out = time.monotonic() > start + timeout
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+                pass
+        stderr = []
+        for f in errs:
+            f.seek(0)
+            stderr.append(f.read().decode("utf-8", "replace"))
+            f.close()
+    result = JobResult([p.returncode for p in procs], stderr, time.monotonic() - start)
+    if timed_out:
+        raise TimeoutError(f"job did not finish within {timeout}s; every rank was killed. {result.describe()}")
+    return result
+
+
+def read_logs(log_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's step records, in order (a torn last line of a killed rank is ignored)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(Path(log_dir).glob("rank*.jsonl")):
+        records = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        out[int(path.stem.removeprefix("rank"))] = records
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,142 @@
+"""impl.ordering against reference.ordering: the same order, bit for bit, for every random-access kind.
+
+The reference is the oracle: ``impl.ordering.epoch_order`` must equal
+``reference.ordering.epoch_order`` and ``order_at`` must equal the reference's
+``order_at`` at every position asked, for kinds sequential, global and window,
+on the kit's adversarial corpora (empty files, single documents, many tiny
+files) and on corpora of a few thousand documents, where window counts and
+Feistel cycle-walking get exercised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import strategies as ls
+from conformance.assertions import assert_equal, assert_raises_typed
+from impl import ordering as io
+from impl.errors import ConfigError
+from reference import ordering as ro
+from reference.ordering import OrderingConfig
+
+RANDOM_ACCESS = ("sequential", "global", "window")
+epochs = st.integers(0, 5)
+
+
+def sizes_of(corpus) -> list[int]:
+    return [len(f) for f in corpus]
+
+
+def repro(sizes, config, epoch, **extra):
+    return {"file_sizes": sizes, "config": config, "epoch": epoch, **extra}
+
+
+big_sizes = st.lists(st.integers(0, 1500), min_size=1, max_size=6).filter(lambda s: sum(s) <= 4000)
+big_configs = st.builds(lambda kind, seed, window: OrderingConfig(kind=kind, seed=seed, window=window),
+                        st.sampled_from(RANDOM_ACCESS), ls.seeds, st.sampled_from([1, 2, 7, 64, 1000, 1024, 5000]))
+
+
+@pytest.mark.clause("ORD-1", "ORD-2", "ORD-3", "ORD-4", "ORD-5", "ORD-11")
+@given(corpus=ls.corpora(), config=ls.ordering_configs(RANDOM_ACCESS), epoch=epochs)
+def test_impl_epoch_order_equals_the_reference_order_on_adversarial_corpora(corpus, config, epoch):
+    sizes = sizes_of(corpus)
+    got = io.epoch_order(sizes, config, epoch)
+    assert_equal(got.dtype, np.dtype(np.int64), clause="ORD-1", what="dtype of the order", repro=repro(sizes, config, epoch))
+    assert_equal(got.tolist(), ro.epoch_order(sizes, config, epoch), clause="ORD-1", what="impl epoch order",
+                 repro=repro(sizes, config, epoch))
+
+
+@pytest.mark.clause("ORD-3", "ORD-5", "ORD-11")
+@given(sizes=big_sizes, config=big_configs, epoch=epochs)
+def test_impl_epoch_order_equals_the_reference_order_for_thousands_of_documents(sizes, config, epoch):
+    assert_equal(io.epoch_order(sizes, config, epoch).tolist(), ro.epoch_order(sizes, config, epoch), clause="ORD-5",
+                 what="impl epoch order", repro=repro(sizes, config, epoch))
+
+
+@pytest.mark.clause("ORD-9")
+@given(sizes=big_sizes, config=big_configs, epoch=epochs, data=st.data())
+def test_order_at_equals_the_reference_at_any_positions_without_computing_the_order(sizes, config, epoch, data):
+    n = sum(sizes)
+    positions = data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=20)) if n else []
+    got = io.order_at(sizes, config, epoch, np.array(positions, dtype=np.int64))
+    expected = [ro.order_at(sizes, config, epoch, p) for p in positions]
+    assert_equal(got.tolist(), expected, clause="ORD-9", what=f"order_at{positions}", repro=repro(sizes, config, epoch))
+
+
+@pytest.mark.clause("ORD-9")
+@given(corpus=ls.corpora(), config=ls.ordering_configs(RANDOM_ACCESS), epoch=epochs)
+def test_epoch_order_object_answers_every_position_like_the_reference_order(corpus, config, epoch):
+    sizes = sizes_of(corpus)
+    order = io.EpochOrder(sizes, config, epoch)
+    n = sum(sizes)
+    reversed_positions = np.arange(n - 1, -1, -1, dtype=np.int64)
+    assert_equal(order(reversed_positions).tolist(), ro.epoch_order(sizes, config, epoch)[::-1], clause="ORD-9",
+                 what="EpochOrder at reversed positions", repro=repro(sizes, config, epoch))
+    assert_equal(len(order), n, clause="ORD-9", what="len(EpochOrder)", repro=repro(sizes, config, epoch))
+
+
+@pytest.mark.clause("ORD-9")
+def test_order_at_keeps_the_shape_of_its_positions_and_accepts_a_plain_int():
+    config = OrderingConfig(kind="window", window=2)
+    grid = io.order_at([3, 0, 2], config, 0, np.array([[0, 1], [3, 4]]))
+    assert_equal(grid.tolist(), [[1, 0], [2, 4]], clause="ORD-9", what="order_at on a 2x2 grid")
+    assert_equal(int(io.order_at([3, 0, 2], OrderingConfig(kind="global"), 0, 0)), 4, clause="ORD-9",
+                 what="order_at(..., 0) for the reference's worked example")
+
+
+@pytest.mark.clause("ORD-4")
+@given(corpus=ls.corpora(), config=ls.ordering_configs(RANDOM_ACCESS), epoch=epochs)
+def test_file_order_equals_the_reference_file_order(corpus, config, epoch):
+    sizes = sizes_of(corpus)
+    assert_equal(io.file_order(sizes, config, epoch).tolist(), ro.file_order(sizes, config, epoch), clause="ORD-4",
+                 what="file order", repro=repro(sizes, config, epoch))
+
+
+@pytest.mark.clause("ORD-10")
+def test_buffer_kind_is_refused_with_not_implemented_naming_the_random_access_alternatives():
+    config = OrderingConfig(kind="buffer", buffer_size=3)
+    for fn, args in ((io.epoch_order, ([6], config, 0)), (io.order_at, ([6], config, 0, 0)),
+                     (io.EpochOrder, ([6], config, 0))):
+        assert_raises_typed(NotImplementedError, fn, *args, clause="ORD-10", what=f"{fn.__name__} with kind='buffer'",
+                            mentions=["buffer", "global", "window", "sequential by nature"])
+
+
+@pytest.mark.clause("ORD-9", "ORD-13")
+def test_bad_positions_file_sizes_and_epochs_raise_config_errors_naming_the_field():
+    config = OrderingConfig(kind="global")
+    assert_raises_typed(ConfigError, io.order_at, [3, 0, 2], config, 0, np.array([5]), clause="ORD-9",
+                        what="position N", mentions=["position=5", "N=5"])
+    assert_raises_typed(ConfigError, io.order_at, [3, 0, 2], config, 0, -1, clause="ORD-9", what="position -1",
+                        mentions=["position=-1"])
+    assert_raises_typed(ConfigError, io.epoch_order, [3, -1], config, 0, clause="ORD-13", what="negative file size",
+                        mentions=["file_sizes[1]"])
+    assert_raises_typed(ConfigError, io.epoch_order, [3, True], config, 0, clause="ORD-13", what="bool file size",
+                        mentions=["file_sizes[1]"])
+    assert_raises_typed(ConfigError, io.epoch_order, [3], config, -1, clause="ORD-13", what="negative epoch",
+                        mentions=["epoch=-1"])
+    assert_raises_typed(ConfigError, io.epoch_order, [3], "global", 0, clause="ORD-13", what="a string config",
+                        mentions=["OrderingConfig"])
+
+
+@pytest.mark.clause("ORD-1")
+@pytest.mark.parametrize("kind", RANDOM_ACCESS)
+@pytest.mark.parametrize("sizes", [[], [0], [0, 0, 0], [1], [0, 1, 0], [0, 0, 5, 0, 2]])
+def test_every_kind_handles_no_documents_one_document_and_empty_files_like_the_reference(kind, sizes):
+    config = OrderingConfig(kind=kind, window=2)
+    assert_equal(io.epoch_order(sizes, config, 4).tolist(), ro.epoch_order(sizes, config, 4), clause="ORD-1",
+                 what="impl epoch order", repro=repro(sizes, config, 4))
+
+
+@pytest.mark.clause("ORD-5")
+def test_window_order_of_a_million_documents_equals_the_reference_on_sampled_positions():
+    sizes = [250_000, 0, 400_000, 350_000]
+    config = OrderingConfig(kind="window", window=1000, seed=7)
+    order = io.epoch_order(sizes, config, 2)
+    probe = [0, 1, 999, 1000, 249_999, 250_000, 650_123, 999_000, 999_999]
+    assert_equal(order[probe].tolist(), [ro.order_at(sizes, config, 2, p) for p in probe], clause="ORD-5",
+                 what="window order at probe positions", repro=repro(sizes, config, 2))
+    assert_equal(int(np.bincount(order, minlength=sum(sizes)).max()), 1, clause="ORD-1",
+                 what="largest number of times a document appears")

@@ -1,0 +1,473 @@
+"""PackedDataset: a token store, ordered and packed into fixed-length samples, any sample of any epoch in O(1).
+
+Conforms to ORD-1..ORD-5, ORD-9, ORD-11 (through ``impl.ordering``),
+PACK-1..PACK-20 (through ``impl.packing``) and, as the dataset behind
+``impl.loader``, RES-1 and RES-3 (the fingerprint): ``ds.sample(e, i)`` is
+field for field ``reference.resume.epoch_samples(corpus, ds.config, e)[i]``,
+and ``ds.fingerprint`` is ``reference.resume.pipeline_fingerprint(
+store.fingerprint, ds.config)``.
+
+Why keys carry the epoch: a torch DataLoader computes samples in worker
+processes holding their own copy of the dataset, and persistent workers never
+see ``set_epoch``. ``ds[SampleKey(epoch, index)]`` needs no state, so any
+worker computes any sample of any epoch; a plain int means "of the current
+epoch" for interactive use.
+
+Why a cached plan: the epoch plan (document order + sample boundaries,
+``impl.packing.PackPlan``) is computed once per (store, config, epoch) with
+numpy, written atomically to ``<store>/.plans`` (or a user cache directory
+when the store is read-only) as one ``.npy`` plus a JSON sidecar holding its
+size and sha256, and loaded by every other process with
+``np.load(mmap_mode="r")``. A cache file whose sidecar, size or checksum does
+not match is recomputed, never trusted. The plan holds O(documents) integers:
+for the global shuffle it stores epoch *positions*, and the document at a
+position is computed at access with ``impl.rng.FeistelPermutation`` on the
+few positions a sample needs (``impl.ordering.EpochOrder``), so no
+permutation array exists anywhere. Two epochs' plans stay in memory (LRU).
+
+Worked example::
+
+    >>> ds = PackedDataset("/data/store", seq_len=2048, packing="concat", shuffle="global", seed=1)  # doctest: +SKIP
+    >>> ds.num_samples(0), ds.config.ordering.kind                                # doctest: +SKIP
+    (195312, 'global')
+    >>> batch = ds[SampleKey(epoch=3, index=17)]      # the same in every process    # doctest: +SKIP
+    >>> batch["input_ids"].shape, batch["labels"][:4]                             # doctest: +SKIP
+    (torch.Size([2048]), tensor([  464, 3290,  -100,   318]))
+    >>> ds[SampleKey(3, -1)]["doc_ids"].unique()      # a padding sample (PART-5)  # doctest: +SKIP
+    tensor([-1])
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import io
+import json
+import operator
+import os
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
+from impl.errors import ConfigError, EmptyDataError, require
+from impl.ordering import BUFFER_MESSAGE, EpochOrder
+from impl.packing import (
+    BIN_FIELDS,
+    STREAM_FIELDS,
+    PackPlan,
+    TokenSource,
+    kept_lengths,
+    materialize,
+    num_samples as plan_num_samples,
+    pack_plan,
+)
+from impl.store import TokenStore
+from reference.ordering import OrderingConfig
+from reference.packing import MODES, STREAM_MODES, PackingConfig
+from reference.partition import PADDING
+from reference.resume import PipelineConfig, canonical_json, padding_sample, pipeline_fingerprint
+
+__all__ = ["PackedDataset", "SampleKey", "SHUFFLES", "PLAN_FORMAT", "PLAN_VERSION"]
+
+SHUFFLES = {"none": "sequential", "sequential": "sequential", "global": "global", "window": "window"}
+"""``shuffle=`` names and the ``reference.ordering`` kind each selects (``buffer`` is refused)."""
+
+PLAN_FORMAT = "loadspec.plan"
+PLAN_VERSION = 1
+PLAN_LRU = 2
+FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
+_PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_continuation", "add_bos", "add_eos",
+                  "min_len")
+
+
+class SampleKey(NamedTuple):
+    """Which sample to compute: ``index`` of epoch ``epoch``'s global stream; ``index == -1`` (PADDING) is padding."""
+
+    epoch: int
+    index: int
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _open_store(store: TokenStore | str | os.PathLike) -> TokenStore:
+    if isinstance(store, TokenStore):
+        return store
+    require(isinstance(store, (str, os.PathLike)), ConfigError,
+            f"store={store!r} must be a TokenStore or the path of one; build it with TokenStore.build(...)")
+    return TokenStore.open(store)
+
+
+def _user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "loadspec" / "plans"
+
+
+def _writable_dir(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+class PackedDataset(Dataset):
+    """Samples of ``seq_len`` tokens from a :class:`~impl.store.TokenStore`, equal to the reference pipeline's.
+
+    ``packing``: ``concat`` | ``chunk`` | ``greedy`` | ``first_fit`` |
+    ``best_fit`` | ``none`` (PACK-6..PACK-19); ``shuffle``: ``none`` |
+    ``global`` | ``window`` (ORD-2..ORD-5; ``window`` documents per shuffle
+    window); ``pack_window``: documents per bin-packing window (PACK-14);
+    ``overflow``, ``stride``, ``bos_on_continuation``, ``add_bos``,
+    ``add_eos``, ``min_len``: as in ``reference.packing.PackingConfig``, with
+    BOS/EOS ids taken from the store. ``pad_id`` defaults to the store's pad
+    id, else its eos id, else 0. ``end`` is not used by the dataset (the
+    sampler and loader own the end-of-epoch policy) but is part of
+    :attr:`config` and so of the fingerprint, as in the reference.
+
+    ``ds[i]`` / ``ds[SampleKey(epoch, i)]`` return a dict of torch tensors:
+    ``input_ids``, ``labels`` (IGNORE = -100), ``position_ids``, ``doc_ids``
+    (-1 padding), ``token_offsets`` (-1 padding / inserted BOS), all int64
+    ``[seq_len]``; ``epoch`` and ``sample_index`` (0-d int64); and
+    ``cu_seqlens`` (int32 ``[seq_len + 1]``): ``reference.collation.cu_seqlens
+    (position_ids)`` (a segment starts at every piece and at every padding
+    position), followed by repeats of ``seq_len`` so every sample has the same
+    shape and stacks in a batch (``cu[:k]`` with k the first index holding
+    ``seq_len``, plus one, is the reference's list).
+
+    Build from a ``PipelineConfig`` with :meth:`from_config`.
+    """
+
+    # ------------------------------------------------------------ construction
+
+    def __init__(self, store: TokenStore | str | os.PathLike, *, seq_len: int, packing: str = "concat",
+                 shuffle: str = "none", window: int = 1024, seed: int = 0, pack_window: int = 1000,
+                 overflow: str = "split", stride: int = 0, bos_on_continuation: bool = False, add_bos: bool = False,
+                 add_eos: bool = False, min_len: int = 0, pad_id: int | None = None,
+                 cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last") -> None:
+        store = _open_store(store)
+        require(_is_int(seq_len) and seq_len >= 1, ConfigError,
+                f"seq_len={seq_len!r} must be an integer >= 1 (input positions per sample), e.g. seq_len=2048")
+        require(packing in MODES, ConfigError,
+                f"packing={packing!r} is not a packing mode; choose one of {', '.join(MODES)}")
+        if shuffle == "buffer":
+            raise NotImplementedError(f"shuffle='buffer': {BUFFER_MESSAGE}")
+        require(shuffle in SHUFFLES, ConfigError,
+                f"shuffle={shuffle!r} is not a shuffle; choose one of none, global, window")
+        require(_is_int(pack_window) and pack_window >= 1, ConfigError,
+                f"pack_window={pack_window!r} must be an integer >= 1 (documents per bin-packing window)")
+        for name, wanted, ident, token in (("add_bos", add_bos, store.bos_id, "BOS"),
+                                           ("bos_on_continuation", bos_on_continuation, store.bos_id, "BOS"),
+                                           ("add_eos", add_eos, store.eos_id, "EOS")):
+            require(wanted is not True or ident is not None, ConfigError,
+                    f"{name}=True but the store at {store.path} has no {token.lower()}_id (its tokenizer defines no "
+                    f"{token} token); set {name}=False, or rebuild the store with a tokenizer that has a {token} token")
+        if pad_id is None:
+            pad_id = next((i for i in (store.pad_id, store.eos_id) if i is not None), 0)
+        config = PipelineConfig(
+            packing=PackingConfig(seq_len=seq_len, mode=packing, window=pack_window, overflow=overflow, stride=stride,
+                                  bos_on_continuation=bos_on_continuation, add_bos=add_bos, add_eos=add_eos,
+                                  bos_id=store.bos_id, eos_id=store.eos_id, pad_id=pad_id, min_len=min_len),
+            ordering=OrderingConfig(kind=SHUFFLES[shuffle], seed=seed, window=window),
+            end=end,
+        )
+        self._setup(store, config, cache_dir, epoch)
+
+    @classmethod
+    def from_config(cls, store: TokenStore | str | os.PathLike, config: PipelineConfig, *,
+                    cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0) -> PackedDataset:
+        """The dataset of an explicit ``reference.resume.PipelineConfig`` (its BOS/EOS/pad ids used as given).
+
+        Why: the conformance kit and resume checks state pipelines as
+        ``PipelineConfig``; ``ds.config == config`` holds afterwards.
+        """
+        require(isinstance(config, PipelineConfig), ConfigError,
+                f"config={config!r} must be a reference.resume.PipelineConfig")
+        if config.ordering.kind == "buffer":
+            raise NotImplementedError(f"ordering kind 'buffer': {BUFFER_MESSAGE}")
+        self = cls.__new__(cls)
+        self._setup(_open_store(store), config, cache_dir, epoch)
+        return self
+
+    def _setup(self, store: TokenStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
+        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        self.store = store
+        self.config = config
+        self.epoch = int(epoch)
+        self.fingerprint = pipeline_fingerprint(store.fingerprint, config)
+        self._cache_arg = cache_dir
+        self._cache_dir = self._resolve_cache_dir(cache_dir)
+        self._file_sizes = list(store.file_document_counts)
+        self._fixed_samples: int | None = None
+        self._counts: dict[int, int] = {}
+        self._reset_memory()
+        self._check_not_empty()
+
+    def _reset_memory(self) -> None:
+        self._source: TokenSource | None = None
+        self._plans: collections.OrderedDict[int, PackPlan] = collections.OrderedDict()
+        self._orders: collections.OrderedDict[int, EpochOrder] = collections.OrderedDict()
+
+    def _check_not_empty(self) -> None:
+        p = self.config.packing
+        lengths = self.store.lengths
+        kept, prepared = kept_lengths(lengths, p)
+        n, L = int(prepared.sum()), p.seq_len
+        where = f"the store at {self.store.path} ({len(lengths)} documents, {self.store.num_tokens} tokens)"
+        require(len(lengths) > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
+        if not len(kept):
+            raise EmptyDataError(
+                f"{where} keeps no document for this config: every document is empty"
+                + (f" or shorter than min_len={p.min_len}" if p.min_len else "")
+                + "; lower min_len, set add_eos=True, or check the store")
+        if p.mode in STREAM_MODES:
+            if p.mode == "concat":
+                require(n >= L + 1, EmptyDataError,
+                        f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing='concat' "
+                        "(a sample's inputs and the target after them); lower seq_len or use packing='none'")
+            else:
+                require(n >= L + 1, EmptyDataError,
+                        f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing='chunk' "
+                        "(one window of L + 1 tokens); lower seq_len or use packing='none'")
+        if p.mode in ("concat", "chunk", "none"):
+            self._fixed_samples = plan_num_samples(lengths, p)
+
+    def _resolve_cache_dir(self, cache_dir: Any) -> Path | None:
+        if cache_dir is False:
+            return None
+        if cache_dir is not None and cache_dir is not True:
+            path = Path(cache_dir)
+            require(_writable_dir(path), ConfigError,
+                    f"cache_dir={str(path)!r} cannot be created or written; pass a writable directory, or "
+                    "cache_dir=False to keep plans in memory only")
+            return path
+        for candidate in (Path(self.store.path) / ".plans", _user_cache_dir()):
+            if _writable_dir(candidate):
+                return candidate
+        return None
+
+    # ------------------------------------------------------------ pickling (DataLoader workers under spawn)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_source", "_plans", "_orders"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_memory()
+
+    # ------------------------------------------------------------ epochs and sizes
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch a plain int index refers to (keys carry their own)."""
+        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        self.epoch = int(epoch)
+
+    def num_samples(self, epoch: int) -> int:
+        """Samples of epoch ``epoch`` (closed form for concat/chunk/none: the same every epoch; bin modes: the plan's)."""
+        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        if self._fixed_samples is not None:
+            return self._fixed_samples
+        epoch = int(epoch)
+        if epoch not in self._counts:
+            if len(self._counts) >= 64:
+                self._counts.clear()
+            self._counts[epoch] = self.plan(epoch).num_samples
+        return self._counts[epoch]
+
+    def __len__(self) -> int:
+        return self.num_samples(self.epoch)
+
+    def __repr__(self) -> str:
+        p, o = self.config.packing, self.config.ordering
+        return (f"PackedDataset({str(self.store.path)!r}, seq_len={p.seq_len}, packing={p.mode!r}, "
+                f"shuffle={o.kind!r}, epoch={self.epoch})")
+
+    # ------------------------------------------------------------ the plan
+
+    def _plan_epoch(self, epoch: int) -> int:
+        """Epochs with the same plan share it: a sequential order is the same every epoch."""
+        return 0 if self.config.ordering.kind == "sequential" else int(epoch)
+
+    def plan_key(self, epoch: int) -> str:
+        """sha256 naming epoch ``epoch``'s plan: store fingerprint, plan-relevant config fields, epoch, format."""
+        o = self.config.ordering
+        ordering = {"kind": "sequential"} if o.kind == "sequential" else dataclasses.asdict(o)
+        packing = {name: getattr(self.config.packing, name) for name in _PLAN_RELEVANT}
+        payload = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "store": self.store.fingerprint,
+                   "ordering": ordering, "packing": packing, "epoch": self._plan_epoch(epoch)}
+        return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+    def plan_paths(self, epoch: int) -> tuple[Path, Path] | None:
+        """``(npy, json sidecar)`` of epoch ``epoch``'s cached plan, or None without a cache directory."""
+        if self._cache_dir is None:
+            return None
+        stem = f"plan-{self.plan_key(epoch)[:40]}"
+        return self._cache_dir / f"{stem}.npy", self._cache_dir / f"{stem}.json"
+
+    def order(self, epoch: int) -> EpochOrder:
+        """Epoch ``epoch``'s document order as random access (kept for the last two epochs)."""
+        epoch = self._plan_epoch(epoch)
+        order = self._orders.get(epoch)
+        if order is None:
+            order = EpochOrder(self._file_sizes, self.config.ordering, epoch)
+            self._orders[epoch] = order
+            while len(self._orders) > PLAN_LRU:
+                self._orders.popitem(last=False)
+        else:
+            self._orders.move_to_end(epoch)
+        return order
+
+    def plan(self, epoch: int) -> PackPlan:
+        """Epoch ``epoch``'s plan: from memory, else the disk cache, else computed (and cached)."""
+        epoch = self._plan_epoch(epoch)
+        plan = self._plans.get(epoch)
+        if plan is not None:
+            self._plans.move_to_end(epoch)
+            return plan
+        plan = self._load_or_compute(epoch)
+        self._plans[epoch] = plan
+        while len(self._plans) > PLAN_LRU:
+            self._plans.popitem(last=False)
+        return plan
+
+    def compute_plan(self, epoch: int) -> PackPlan:
+        """Epoch ``epoch``'s plan computed now (no cache): lengths in epoch order, then ``impl.packing.pack_plan``."""
+        lengths = self.store.lengths
+        if self.config.ordering.kind != "sequential":
+            lengths = lengths[self.order(epoch).to_array()]
+        return pack_plan(lengths, self.config.packing)
+
+    def _load_or_compute(self, epoch: int) -> PackPlan:
+        paths = self.plan_paths(epoch)
+        if paths is None:
+            return self.compute_plan(epoch)
+        plan = self._read_cached(epoch, *paths)
+        if plan is not None:
+            return plan
+        npy, sidecar = paths
+        try:
+            with file_lock(lock_path_for(npy)):
+                plan = self._read_cached(epoch, npy, sidecar)      # another process may have written it meanwhile
+                if plan is None:
+                    plan = self.compute_plan(epoch)
+                    self._write_cached(epoch, plan, npy, sidecar)
+                    plan = self._read_cached(epoch, npy, sidecar) or plan
+        except OSError as exc:
+            warnings.warn(f"could not cache the epoch plan in {self._cache_dir} ({exc}); keeping it in memory. "
+                          "Pass a writable cache_dir to share plans across processes", RuntimeWarning, stacklevel=3)
+            plan = self.compute_plan(epoch)
+        return plan
+
+    def _sidecar_expected(self, epoch: int) -> dict[str, Any]:
+        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "key": self.plan_key(epoch),
+                "mode": self.config.packing.mode, "seq_len": self.config.packing.seq_len}
+
+    def _write_cached(self, epoch: int, plan: PackPlan, npy: Path, sidecar: Path) -> None:
+        fields = STREAM_FIELDS if plan.mode in STREAM_MODES else BIN_FIELDS
+        arrays = [np.asarray(plan.arrays[name], dtype=np.int64) for name in fields]
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        buf = io.BytesIO()
+        np.save(buf, flat, allow_pickle=False)
+        data = buf.getvalue()
+        atomic_write_bytes(npy, data)
+        layout, at = [], 0
+        for name, arr in zip(fields, arrays):
+            layout.append([name, at, len(arr)])
+            at += len(arr)
+        meta = dict(self._sidecar_expected(epoch), fields=layout, npy_bytes=len(data),
+                    sha256=hashlib.sha256(data).hexdigest(), epoch=self._plan_epoch(epoch),
+                    store_fingerprint=self.store.fingerprint, config=self.config.to_json())
+        atomic_write_json(sidecar, meta)
+
+    def _read_cached(self, epoch: int, npy: Path, sidecar: Path) -> PackPlan | None:
+        """The cached plan if its sidecar, size and sha256 all match; None (recompute) otherwise."""
+        try:
+            meta = json.loads(sidecar.read_bytes())
+            if not isinstance(meta, dict):
+                return None
+            expected = self._sidecar_expected(epoch)
+            if any(meta.get(k) != v for k, v in expected.items()):
+                return None
+            if os.path.getsize(npy) != meta["npy_bytes"]:
+                return None
+            h = hashlib.sha256()
+            with open(npy, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+            if h.hexdigest() != meta["sha256"]:
+                return None
+            flat = np.load(npy, mmap_mode="r", allow_pickle=False)
+            layout = meta["fields"]
+            if flat.dtype != np.int64 or flat.ndim != 1 or sum(n for _, _, n in layout) != len(flat):
+                return None
+            flat = flat.view(np.ndarray)    # still the mapped pages; plain ndarray slicing is cheaper than memmap's
+            arrays = {name: flat[at:at + n] for name, at, n in layout}
+            return PackPlan(self.config.packing.mode, self.config.packing.seq_len, arrays)
+        except (OSError, ValueError, KeyError, TypeError, ConfigError):
+            return None
+
+    # ------------------------------------------------------------ samples
+
+    @property
+    def source(self) -> TokenSource:
+        if self._source is None:
+            self._source = TokenSource.from_store(self.store)
+        return self._source
+
+    def _resolve(self, key: Any) -> tuple[int, int]:
+        if isinstance(key, tuple):
+            require(len(key) == 2, ConfigError, f"key={key!r} must be SampleKey(epoch, index) or an int index")
+            epoch, index = key
+            require(_is_int(epoch) and epoch >= 0, ConfigError, f"key epoch={epoch!r} must be an integer >= 0")
+            require(_is_int(index), ConfigError, f"key index={index!r} must be an integer (-1 for padding)")
+            epoch, index = int(epoch), int(index)
+            if index != PADDING:
+                total = self.num_samples(epoch)
+                if not 0 <= index < total:
+                    raise IndexError(f"SampleKey({epoch}, {index}): epoch {epoch} has {total} samples "
+                                     f"(indices 0..{total - 1}; -1 is the padding sample)")
+            return epoch, index
+        if isinstance(key, (bool, np.bool_)):
+            raise TypeError(f"index {key!r} is a bool; pass an int or a SampleKey(epoch, index)")
+        try:
+            index = operator.index(key)
+        except TypeError:
+            raise TypeError(f"index must be an int or a SampleKey(epoch, index), not {type(key).__name__}") from None
+        total = self.num_samples(self.epoch)
+        if index < 0:
+            index += total
+        if not 0 <= index < total:
+            raise IndexError(f"index {key} out of range: epoch {self.epoch} has {total} samples")
+        return self.epoch, index
+
+    def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        """Sample ``index`` of epoch ``epoch`` (``-1``: the padding sample) as numpy arrays, keys as ``__getitem__``."""
+        epoch, index = self._resolve(SampleKey(epoch, index))
+        p = self.config.packing
+        if index == PADDING:
+            pad = padding_sample(p)
+            out = {name: np.asarray(getattr(pad, name), dtype=np.int64) for name in FIELDS}
+        else:
+            out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch))
+            del out["document_starts"]
+        starts = np.flatnonzero(out["position_ids"] == 0)
+        cu = np.full(p.seq_len + 1, p.seq_len, dtype=np.int32)
+        cu[:len(starts)] = starts
+        out["epoch"] = np.array(epoch, dtype=np.int64)
+        out["sample_index"] = np.array(index, dtype=np.int64)
+        out["cu_seqlens"] = cu
+        return out
+
+    def __getitem__(self, key: int | SampleKey) -> dict[str, torch.Tensor]:
+        epoch, index = self._resolve(key)
+        return {name: torch.from_numpy(value) for name, value in self.sample(epoch, index).items()}

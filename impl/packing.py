@@ -1,0 +1,516 @@
+"""Vectorised packing: ``reference.packing``'s plan as flat integer arrays, and the fill from mapped tokens.
+
+Conforms to PACK-1 .. PACK-20 of docs/clauses/packing.md (PACK-21, config
+validation, is ``reference.packing.PackingConfig``'s own): ``pack_plan``
+returns the same pieces as ``reference.packing.pack_plan`` for every mode and
+option, and ``materialize`` returns for one sample exactly what
+``reference.packing.fill`` returns for it.
+
+Why a plan of arrays: the plan is the single source of truth (PACK-20). A
+loader that counts samples, resumes, or hands sample ``i`` to a DataLoader
+worker needs to find sample ``i``'s pieces without touching the samples
+before it, in time that does not grow with ``i``. Two shapes do that:
+
+* ``concat`` / ``chunk`` (a *stream plan*, implicit): the kept documents'
+  positions ``kept[K]`` and the cumulative prepared lengths ``cum[K + 1]``.
+  Sample ``i`` covers stream tokens ``[i*hop, i*hop + L)`` (hop = L for
+  concat, L + 1 for chunk, PACK-6 / PACK-8); two ``np.searchsorted`` calls on
+  ``cum`` give its first and last document. O(documents) integers, built with
+  a cumsum, no loop over samples.
+* bin modes and ``none`` (a *bin plan*, explicit, CSR-like): every chunk
+  ``(piece_pos, piece_start, piece_stop)`` of every kept document, in sample
+  order, and ``sample_ptr[S + 1]``: sample ``i`` holds pieces
+  ``sample_ptr[i] : sample_ptr[i + 1]``. Chunk spans come from their closed
+  form with numpy (PACK-10, PACK-11); only the bin packers (PACK-15..17) run
+  a Python loop, one window at a time, over the chunk widths. ``none``
+  (PACK-19) is ``sample_ptr = arange(P + 1)``.
+
+Everything else a sample needs is derived, never stored: whether a piece
+starts with an inserted BOS (a continuation chunk under
+``bos_on_continuation``), which offsets carry labels (``trained_offsets``,
+PACK-4/7/9/12/13), where BOS/EOS are added (PACK-1).
+
+Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
+
+    >>> from reference.packing import PackingConfig
+    >>> plan = pack_plan([3, 6, 1], PackingConfig(seq_len=4))
+    >>> plan.num_samples, plan.arrays["cum"].tolist()
+    (2, [0, 3, 9, 10])
+    >>> [p.tolist() for p in plan.pieces(1)]          # positions, starts, stops
+    [[1], [1], [5]]
+    >>> docs = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]])
+    >>> materialize(plan, 0, PackingConfig(seq_len=4), docs)["labels"].tolist()
+    [2, 3, -100, 5]
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from impl.errors import ConfigError, require
+from reference.packing import BIN_MODES, IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig, Piece
+
+__all__ = [
+    "PackPlan",
+    "TokenSource",
+    "pack_plan",
+    "num_samples",
+    "kept_lengths",
+    "chunk_arrays",
+    "materialize",
+    "fill_pieces",
+    "greedy_bins",
+    "first_fit_bins",
+    "best_fit_bins",
+    "PACKERS",
+]
+
+_I64 = np.int64
+STREAM_FIELDS = ("cum", "kept")
+BIN_FIELDS = ("sample_ptr", "piece_pos", "piece_start", "piece_stop")
+
+
+# ------------------------------------------------------------------ documents
+
+
+def kept_lengths(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(kept positions, their prepared lengths)`` of raw lengths in input order (PACK-1, PACK-2).
+
+    >>> [a.tolist() for a in kept_lengths([2, 0, 5], PackingConfig(seq_len=4, min_len=3))]
+    [[2], [5]]
+    """
+    raw = np.asarray(lengths, dtype=_I64).reshape(-1)
+    if raw.size and int(raw.min()) < 0:
+        raise ConfigError(f"lengths hold a negative value ({int(raw.min())}); pass token counts of documents")
+    prepared = raw + (int(config.add_bos) + int(config.add_eos))
+    kept = np.flatnonzero((prepared > 0) & (prepared >= config.min_len))
+    return kept.astype(_I64, copy=False), prepared[kept]
+
+
+def chunk_arrays(prepared: np.ndarray, config: PackingConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every chunk of every document, vectorised: ``(document index, start, stop)`` (PACK-10, PACK-11).
+
+    ``prepared`` holds prepared lengths; chunk c >= 1 of a document starts at
+    ``L - stride + (c - 1) * step`` with ``step = L - β - stride`` and stops
+    ``room = L - β`` tokens later or at the document's end, exactly as
+    ``reference.packing.chunk_spans`` walks it.
+
+    >>> cfg = PackingConfig(seq_len=4, mode="none", stride=1)
+    >>> [a.tolist() for a in chunk_arrays(np.array([10, 3]), cfg)]
+    [[0, 0, 0, 1], [0, 3, 6, 0], [4, 7, 10, 3]]
+    """
+    m = np.asarray(prepared, dtype=_I64)
+    L = config.seq_len
+    if config.splits:
+        step = config.continuation_room - config.stride
+        counts = np.where(m <= L, 1, 1 + (m - L + step - 1) // step)
+    else:
+        counts = np.ones(len(m), dtype=_I64)
+    doc = np.repeat(np.arange(len(m), dtype=_I64), counts)
+    first = np.zeros(len(m), dtype=_I64)
+    np.cumsum(counts[:-1], out=first[1:])
+    c = np.arange(len(doc), dtype=_I64) - np.repeat(first, counts)
+    md = m[doc]
+    if config.splits:
+        start = np.where(c == 0, 0, L - config.stride + (c - 1) * step)
+        stop = np.where(c == 0, np.minimum(md, L), np.minimum(md, start + config.continuation_room))
+    else:
+        start = np.zeros(len(doc), dtype=_I64)
+        stop = np.minimum(md, L)
+    return doc, start.astype(_I64, copy=False), stop.astype(_I64, copy=False)
+
+
+def _continuation_bos(start: np.ndarray, config: PackingConfig) -> np.ndarray:
+    """Per piece: is ``bos_id`` inserted before it (``reference.packing.has_continuation_bos``)?"""
+    if config.splits and config.bos_on_continuation:
+        return np.asarray(start) > 0
+    return np.zeros(np.shape(start), dtype=bool)
+
+
+# ------------------------------------------------------------------ packers
+
+
+def greedy_bins(widths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Next-fit (PACK-15): ``reference.packing.greedy_bins``.
+
+    >>> greedy_bins([3, 4, 2, 1], 4)
+    [[0], [1], [2, 3]]
+    """
+    bins: list[list[int]] = []
+    room = 0
+    current: list[int] = []
+    for item, width in enumerate(widths):
+        if not bins or width > room:
+            current = []
+            bins.append(current)
+            room = capacity
+        current.append(item)
+        room -= width
+    return bins
+
+
+def first_fit_bins(widths: Sequence[int], capacity: int) -> list[list[int]]:
+    """First-fit (PACK-16): ``reference.packing.first_fit_bins`` with the max-tree inlined.
+
+    The tree holds each bin's room (-1 for bins not yet opened); a lookup
+    descends to the lowest leaf with room >= width, an update climbs only while
+    a parent's maximum changes.
+
+    >>> first_fit_bins([3, 4, 2, 1], 4)
+    [[0, 3], [1], [2]]
+    """
+    size = 1 << max(0, len(widths) - 1).bit_length()
+    tree = [-1] * (2 * size)
+    bins: list[list[int]] = []
+    for item, width in enumerate(widths):
+        if tree[1] >= width:
+            node = 1
+            while node < size:
+                node = 2 * node if tree[2 * node] >= width else 2 * node + 1
+            bins[node - size].append(item)
+            tree[node] -= width
+        else:
+            node = len(bins) + size
+            bins.append([item])
+            tree[node] = capacity - width
+        node >>= 1
+        while node:
+            left, right = tree[2 * node], tree[2 * node + 1]
+            best = left if left > right else right
+            if tree[node] == best:
+                break
+            tree[node] = best
+            node >>= 1
+    return bins
+
+
+def best_fit_bins(widths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing (PACK-17): ``reference.packing.best_fit_bins``.
+
+    Open bins are one sorted list of ints ``room << 32 | bin`` (the
+    reference's ``(room, bin)`` tuples, cheaper to compare); a full bin
+    (room 0) can take no item (widths >= 1) and leaves the list.
+
+    >>> best_fit_bins([3, 4, 2, 1], 4)
+    [[1], [0, 3], [2]]
+    >>> best_fit_bins([6, 4, 4, 1], 9)
+    [[0], [1, 2, 3]]
+    """
+    w = np.asarray(widths, dtype=_I64)
+    order = np.argsort(-w, kind="stable").tolist()
+    bins: list[list[int]] = []
+    rooms: list[int] = []
+    for item in order:
+        width = widths[item]
+        at = bisect.bisect_left(rooms, width << 32)
+        if at == len(rooms):
+            target, room = len(bins), capacity
+            bins.append([item])
+        else:
+            key = rooms.pop(at)
+            target, room = key & 0xFFFFFFFF, key >> 32
+            bins[target].append(item)
+        room -= width
+        if room:
+            bisect.insort(rooms, room << 32 | target)
+    return bins
+
+
+PACKERS: dict[str, Callable[[Sequence[int], int], list[list[int]]]] = {
+    "greedy": greedy_bins, "first_fit": first_fit_bins, "best_fit": best_fit_bins}
+
+
+# ------------------------------------------------------------------ the plan
+
+
+class PackPlan:
+    """One epoch's packing plan as flat int64 arrays (see the module docstring for the two shapes).
+
+    ``arrays`` is what gets cached (``STREAM_FIELDS`` or ``BIN_FIELDS``);
+    the arrays may be read-only memory maps. ``pieces(i)`` returns sample
+    ``i``'s ``(positions, starts, stops)`` in O(log documents + pieces).
+    """
+
+    __slots__ = ("mode", "seq_len", "arrays", "num_samples", "_hop")
+
+    def __init__(self, mode: str, seq_len: int, arrays: Mapping[str, np.ndarray]) -> None:
+        fields = STREAM_FIELDS if mode in STREAM_MODES else BIN_FIELDS
+        require(set(arrays) == set(fields), ConfigError,
+                f"a {mode!r} plan needs arrays {fields}, got {sorted(arrays)}; recompute the plan")
+        self.mode = mode
+        self.seq_len = seq_len
+        self.arrays = dict(arrays)
+        if mode in STREAM_MODES:
+            n = int(self.arrays["cum"][-1]) if len(self.arrays["cum"]) else 0
+            self._hop = seq_len if mode == "concat" else seq_len + 1
+            self.num_samples = max(0, (n - 1) // seq_len) if mode == "concat" else n // (seq_len + 1)
+        else:
+            self._hop = 0
+            self.num_samples = len(self.arrays["sample_ptr"]) - 1
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{k}[{len(v)}]" for k, v in self.arrays.items())
+        return f"PackPlan(mode={self.mode!r}, seq_len={self.seq_len}, samples={self.num_samples}, {sizes})"
+
+    def pieces(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample ``i``'s pieces as ``(input positions, starts, stops)``, int64, in input order."""
+        require(0 <= i < self.num_samples, ConfigError,
+                f"sample index {i} outside the plan's {self.num_samples} samples")
+        if self.mode in STREAM_MODES:
+            cum, kept = self.arrays["cum"], self.arrays["kept"]
+            lo = i * self._hop
+            hi = lo + self.seq_len
+            k0 = int(np.searchsorted(cum, lo, side="right")) - 1
+            k1 = int(np.searchsorted(cum, hi - 1, side="right")) - 1
+            begins = np.asarray(cum[k0:k1 + 2], dtype=_I64)
+            starts = np.maximum(0, lo - begins[:-1])
+            stops = np.minimum(np.diff(begins), hi - begins[:-1])
+            return np.asarray(kept[k0:k1 + 1], dtype=_I64), starts, stops
+        ptr = self.arrays["sample_ptr"]
+        a, b = int(ptr[i]), int(ptr[i + 1])
+        return (np.asarray(self.arrays["piece_pos"][a:b], dtype=_I64),
+                np.asarray(self.arrays["piece_start"][a:b], dtype=_I64),
+                np.asarray(self.arrays["piece_stop"][a:b], dtype=_I64))
+
+    def to_reference(self) -> list[tuple[Piece, ...]]:
+        """The plan in ``reference.packing.pack_plan``'s form (for tests; O(samples) Python objects)."""
+        out = []
+        for i in range(self.num_samples):
+            pos, start, stop = self.pieces(i)
+            out.append(tuple(Piece(int(d), int(a), int(b)) for d, a, b in zip(pos, start, stop)))
+        return out
+
+
+def _stream_plan(kept: np.ndarray, prepared: np.ndarray, config: PackingConfig) -> PackPlan:
+    cum = np.zeros(len(kept) + 1, dtype=_I64)
+    np.cumsum(prepared, out=cum[1:])
+    return PackPlan(config.mode, config.seq_len, {"cum": cum, "kept": kept})
+
+
+def _bin_plan(kept: np.ndarray, prepared: np.ndarray, config: PackingConfig) -> PackPlan:
+    doc, start, stop = chunk_arrays(prepared, config)
+    pos = kept[doc]
+    if config.mode == "none":
+        ptr = np.arange(len(doc) + 1, dtype=_I64)
+        return PackPlan("none", config.seq_len, {"sample_ptr": ptr, "piece_pos": pos, "piece_start": start,
+                                                 "piece_stop": stop})
+    widths = stop - start + _continuation_bos(start, config)
+    packer = PACKERS[config.mode]
+    # Items of window k are those of kept documents k*window .. (k+1)*window - 1: a contiguous run (PACK-14).
+    windows = -(-len(kept) // config.window)
+    bounds = np.minimum(np.arange(windows + 1, dtype=_I64) * config.window, len(kept))
+    edges = np.searchsorted(doc, bounds, side="left")
+    order_parts: list[np.ndarray] = []
+    size_parts: list[list[int]] = []
+    all_widths = widths.tolist()
+    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        bins = packer(all_widths[lo:hi], config.seq_len)
+        order_parts.append(np.fromiter(chain.from_iterable(bins), dtype=_I64, count=hi - lo) + lo)
+        size_parts.append([len(b) for b in bins])
+    order = np.concatenate(order_parts) if order_parts else np.zeros(0, dtype=_I64)
+    sizes = np.fromiter(chain.from_iterable(size_parts), dtype=_I64)
+    ptr = np.zeros(len(sizes) + 1, dtype=_I64)
+    np.cumsum(sizes, out=ptr[1:])
+    return PackPlan(config.mode, config.seq_len, {"sample_ptr": ptr, "piece_pos": pos[order],
+                                                  "piece_start": start[order], "piece_stop": stop[order]})
+
+
+def pack_plan(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> PackPlan:
+    """Every sample's pieces from raw document lengths in input order: ``reference.packing.pack_plan`` (PACK-20).
+
+    Clauses: PACK-2, PACK-6, PACK-8, PACK-10, PACK-11, PACK-14 .. PACK-20.
+
+    >>> pack_plan([3, 0, 6, 1], PackingConfig(seq_len=4, mode="first_fit")).to_reference()
+    [(Piece(doc=0, start=0, stop=3), Piece(doc=3, start=0, stop=1)), (Piece(doc=2, start=0, stop=4),), (Piece(doc=2, start=4, stop=6),)]
+    """
+    require(isinstance(config, PackingConfig), ConfigError,
+            f"config={config!r} must be a reference.packing.PackingConfig")
+    kept, prepared = kept_lengths(lengths, config)
+    if config.mode in STREAM_MODES:
+        return _stream_plan(kept, prepared, config)
+    return _bin_plan(kept, prepared, config)
+
+
+def num_samples(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> int:
+    """``reference.packing.num_samples``: closed forms for concat, chunk and none; the plan for bin modes.
+
+    Independent of the document order for concat, chunk and none, so a
+    dataset sizes every epoch of those modes from the lengths once.
+
+    >>> num_samples([3, 6, 1], PackingConfig(seq_len=4)), num_samples([3, 6, 1], PackingConfig(seq_len=4, mode="none"))
+    (2, 4)
+    """
+    _, prepared = kept_lengths(lengths, config)
+    n, L = int(prepared.sum()), config.seq_len
+    if config.mode == "concat":
+        return max(0, (n - 1) // L)
+    if config.mode == "chunk":
+        return n // (L + 1)
+    if config.mode == "none":
+        if not config.splits:
+            return len(prepared)
+        step = config.continuation_room - config.stride
+        return int(np.where(prepared <= L, 1, 1 + (prepared - L + step - 1) // step).sum())
+    return pack_plan(lengths, config).num_samples
+
+
+# ------------------------------------------------------------------ tokens
+
+
+class TokenSource:
+    """Raw (unprepared) document tokens, addressed by global token index: a store's mapped files or a list.
+
+    ``doc_offsets[d]`` is where document d begins in the concatenation of all
+    documents (store order) and ``take(indices)`` gathers tokens at global
+    indices with one fancy index per file touched (zero-copy views of the
+    mapped files, no per-document Python work).
+
+    >>> src = TokenSource.from_documents([[5, 6], [], [7]])
+    >>> src.lengths.tolist(), src.take(np.array([2, 0])).tolist()
+    ([2, 0, 1], [7, 5])
+    """
+
+    __slots__ = ("doc_offsets", "lengths", "_parts", "_part_starts")
+
+    def __init__(self, parts: Sequence[np.ndarray], doc_offsets: np.ndarray) -> None:
+        self._parts = [p for p in parts if len(p)]
+        starts = np.zeros(len(self._parts) + 1, dtype=_I64)
+        np.cumsum([len(p) for p in self._parts], out=starts[1:])
+        self._part_starts = starts
+        self.doc_offsets = np.asarray(doc_offsets, dtype=_I64)
+        self.lengths = np.diff(self.doc_offsets)
+        require(int(self.doc_offsets[-1]) == int(starts[-1]), ConfigError,
+                f"document offsets end at {int(self.doc_offsets[-1])} but the token parts hold {int(starts[-1])} tokens")
+
+    @classmethod
+    def from_store(cls, store: Any) -> TokenSource:
+        """One zero-copy view per non-empty store file (``store.read`` of the file's token range)."""
+        bounds = np.zeros(len(store.file_token_counts) + 1, dtype=_I64)
+        np.cumsum(store.file_token_counts, out=bounds[1:])
+        parts = [store.read(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return cls(parts, store.doc_offsets)
+
+    @classmethod
+    def from_documents(cls, documents: Sequence[Sequence[int]]) -> TokenSource:
+        lengths = np.fromiter((len(d) for d in documents), dtype=_I64, count=len(documents))
+        offsets = np.zeros(len(documents) + 1, dtype=_I64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.fromiter(chain.from_iterable(documents), dtype=_I64, count=int(offsets[-1]))
+        return cls([values], offsets)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        idx = np.asarray(indices, dtype=_I64)
+        if len(self._parts) == 1:
+            return self._parts[0][idx].astype(_I64)
+        out = np.empty(idx.shape, dtype=_I64)
+        part = np.searchsorted(self._part_starts, idx, side="right") - 1
+        for f in np.unique(part).tolist():
+            sel = part == f
+            out[sel] = self._parts[f][idx[sel] - self._part_starts[f]]
+        return out
+
+
+# ------------------------------------------------------------------ the fill
+
+
+def fill_pieces(doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, config: PackingConfig,
+                source: TokenSource) -> dict[str, np.ndarray]:
+    """One sample from its pieces, as ``reference.packing.fill`` builds it (PACK-3, PACK-4, PACK-5).
+
+    ``doc_ids`` are global document ids (rows of ``source``); ``starts`` /
+    ``stops`` count prepared-document positions. Vectorised over the sample's
+    positions: one gather of input tokens and label tokens together, whatever
+    the number of pieces. Returns int64 arrays of length L (``input_ids``,
+    ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``) and
+    ``document_starts`` (one entry per piece).
+
+    >>> src = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    >>> s = fill_pieces(np.array([0, 1]), np.array([2, 0]), np.array([3, 2]), PackingConfig(seq_len=4, mode="greedy"), src)
+    >>> s["input_ids"].tolist(), s["labels"].tolist(), s["position_ids"].tolist(), s["token_offsets"].tolist()
+    ([3, 4, 5, 0], [-100, 5, -100, -100], [0, 0, 1, 0], [2, 0, 1, -1])
+    """
+    L = config.seq_len
+    ab, ae = int(config.add_bos), int(config.add_eos)
+    docs = np.asarray(doc_ids, dtype=_I64)
+    a = np.asarray(starts, dtype=_I64)
+    b = np.asarray(stops, dtype=_I64)
+    raw_len = source.lengths[docs]
+    m = raw_len + ab + ae
+    bos = _continuation_bos(a, config).astype(_I64)
+    widths = b - a + bos
+    seg = np.zeros(len(docs) + 1, dtype=_I64)
+    np.cumsum(widths, out=seg[1:])
+    total = int(seg[-1])
+    require(total <= L, ConfigError, f"a plan sample holds {total} positions but seq_len={L}; the plan is not for this config")
+    if config.mode in STREAM_MODES:
+        first, last = a, np.minimum(b, m)
+    else:
+        first, last = np.where(a > 0, a + max(0, config.stride - 1), 0), b - 1
+
+    piece = np.repeat(np.arange(len(docs), dtype=_I64), widths)
+    rel = np.arange(total, dtype=_I64) - seg[:-1][piece]
+    inserted = (bos[piece] == 1) & (rel == 0)
+    offset = a[piece] + rel - bos[piece]
+    trained = (offset >= first[piece]) & (offset < last[piece]) & ~inserted
+    # One gather for every token needed: inputs at `offset` (not inserted), labels at `offset + 1` (trained).
+    q_piece = np.concatenate([piece[~inserted], piece[trained]])
+    q = np.concatenate([offset[~inserted], offset[trained] + 1])
+    values = np.empty(len(q), dtype=_I64)
+    is_bos = (q == 0) if ab else np.zeros(len(q), dtype=bool)
+    is_eos = (q == m[q_piece] - 1) if ae else np.zeros(len(q), dtype=bool)
+    raw = ~(is_bos | is_eos)
+    values[raw] = source.take(source.doc_offsets[docs[q_piece[raw]]] + q[raw] - ab)
+    if ab:
+        values[is_bos] = config.bos_id
+    if ae:
+        values[is_eos] = config.eos_id
+    n_in = int(np.count_nonzero(~inserted))
+
+    input_ids = np.full(L, config.pad_id, dtype=_I64)
+    labels = np.full(L, IGNORE, dtype=_I64)
+    position_ids = np.zeros(L, dtype=_I64)
+    out_docs = np.full(L, NO_DOC, dtype=_I64)
+    offsets = np.full(L, NO_OFFSET, dtype=_I64)
+    head = input_ids[:total]
+    head[~inserted] = values[:n_in]
+    if inserted.any():
+        head[inserted] = config.bos_id
+    labels[:total][trained] = values[n_in:]
+    position_ids[:total] = rel
+    out_docs[:total] = docs[piece]
+    offsets[:total] = np.where(inserted, NO_OFFSET, offset)
+    return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "doc_ids": out_docs,
+            "token_offsets": offsets, "document_starts": seg[:-1].copy()}
+
+
+def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSource,
+                doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Sample ``i`` of ``plan``: ``reference.packing.fill(plan, documents, config)[i]`` as numpy arrays.
+
+    ``doc_ids`` maps the plan's input positions to global document ids (rows
+    of ``source``): a callable such as ``impl.ordering.EpochOrder``, an array
+    (``doc_ids[position]``), or None when positions are document ids. The
+    output's ``doc_ids`` field holds those ids, as ``fill`` reports the
+    document's id. Cost O(log documents + pieces + L), independent of ``i``.
+
+    Clauses: PACK-3, PACK-4, PACK-5 (and the plan's clauses through ``plan``).
+    """
+    require(plan.mode == config.mode and plan.seq_len == config.seq_len, ConfigError,
+            f"plan is for mode={plan.mode!r}, seq_len={plan.seq_len} but config has mode={config.mode!r}, "
+            f"seq_len={config.seq_len}; compute the plan with this config")
+    pos, start, stop = plan.pieces(i)
+    if doc_ids is None:
+        docs = pos
+    elif callable(doc_ids):
+        docs = doc_ids(pos)
+    else:
+        docs = np.asarray(doc_ids)[pos]
+    return fill_pieces(docs, start, stop, config, source)

@@ -52,14 +52,13 @@ $(BENCH_STAMP): pyproject.toml benchmarks/requirements-bench.txt
 bench-env: $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
-	LOADSPEC_BENCH_SIZE=$(BENCH_SIZE) $(BENCH_BIN)/python -m pytest benchmarks -q -ra -p no:randomly --benchmark-json=$(BENCH_JSON)
-	$(BENCH_BIN)/python -m benchmarks.rss --size $(BENCH_SIZE) --out benchmarks/results/rss-$(BENCH_SIZE).json
+	LOADSPEC_BENCH_SIZE=$(BENCH_SIZE) $(BENCH_BIN)/python -m pytest benchmarks -q -ra --benchmark-json=$(BENCH_JSON)
 
 bench-compare: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m benchmarks.compare $(BENCH_JSON)
 
 bench-report: $(BENCH_STAMP)
-	$(BENCH_BIN)/python -m benchmarks.report $(BENCH_JSON)
+	$(BENCH_BIN)/python -m benchmarks.report $(BENCH_JSON) --skipped benchmarks/results/skipped.txt
 
 test-bench-smoke: $(STAMP)
 	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable

@@ -20,17 +20,19 @@ lockstep, as under a collective):
   batch size (RES-4, PART-3);
 * ``change_workers``: fresh loaders from the current state with 0, 1 or 2
   DataLoader workers (RES-5, RES-6; rare, workers are slow to start);
-* ``finish_epoch`` and ``next_epoch`` (``set_epoch``, RES-7).
+* ``finish_epoch``, ``next_epoch`` (``set_epoch(e + 1)``) and
+  ``set_current_epoch`` (the training loop's ``set_epoch(e)``, a no-op for a
+  resumed state) (RES-7).
 
 Invariant: in every epoch the global sample indices trained (over
 data-parallel groups, padding excluded, forgetting what a crash undid) are a
 prefix ``[0, n)`` of the epoch's stream, each exactly once (PART-8, RES-4).
 
 The machine drives any ``conformance.adapter.LoaderAdapter``, the reference
-adapter included; loaders that move to the next epoch lazily (after the
-last step's ``StopIteration``, as ``ReferenceLoader``) and eagerly (as
-``impl.loader``) both conform, because a state at the end of an epoch's steps
-and the next epoch's start are the same position.
+adapter included. A loader may move to the next epoch when the pass ends (as
+``ReferenceLoader`` and ``impl.loader`` do) or already when the last step is
+handed out: a position with no step left in its epoch and the next epoch's
+start are the same position, so states are compared after normalising that.
 
 Also here: ``ReferenceDataset``, the reference pipeline behind the
 ``impl.dataset.PackedDataset`` interface, so the loader layer can be tested in

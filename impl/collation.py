@@ -1,8 +1,9 @@
 """Collation on torch tensors: stacking packed samples into a batch, with varlen boundaries.
 
 Conforms to COLL-1, COLL-2 (``pad_stack_1d``) and COLL-8 (``cu_seqlens``,
-``max_seqlen``) of docs/clauses/collation.md, mirroring ``reference.collation``
-bit for bit; ``collate`` is the ``collate_fn`` of ``impl.loader``.
+``max_seqlen``) of docs/SEMANTICS.md ("Collation"), mirroring
+``reference.collation`` bit for bit; ``collate`` is the ``collate_fn`` of
+``impl.loader``.
 
 Why cu_seqlens over the flattened batch: varlen attention kernels
 (flash-attn's ``flash_attn_varlen_func``, torch's nested/jagged SDPA) take one

@@ -1,7 +1,7 @@
 """ElasticLoader: a torch DataLoader whose state resumes exactly, on any topology.
 
-Conforms to RES-1 .. RES-7 (docs/clauses/resume.md) and PART-1 .. PART-12
-(docs/clauses/partition.md, through ``impl.partition.ElasticSampler``); its
+Conforms to RES-1 .. RES-7 (docs/SEMANTICS.md, "Resume") and PART-1 .. PART-12
+(docs/SEMANTICS.md, through ``impl.partition.ElasticSampler``); its
 model is ``reference.resume.ReferenceLoader``.
 
 Why a wrapper around the DataLoader: a DataLoader with workers iterates its
@@ -14,11 +14,14 @@ step (RES-6). The state is the reference's: ``{"format", "version",
 epoch's *global* stream, so it loads on another world size, per-rank batch
 size or worker count (RES-4, RES-5).
 
-Epochs: iterating yields the rest of the current epoch; when its last step is
-handed out the state becomes ``(epoch + 1, 0)`` (RES-7, eagerly: a checkpoint
-taken in the loop body right after the last step already points at the next
-epoch, so a resume under a smaller global batch cannot train this epoch's
-dropped tail), and the next ``iter()`` continues with the next epoch.
+Epochs: iterating yields the rest of the current epoch; when the pass ends
+(the training loop asks for the batch after the last one, as a ``for`` loop
+does) the state becomes ``(epoch + 1, 0)`` and the next ``iter()`` continues
+with the next epoch (RES-7), exactly when ``ReferenceLoader``'s does. A state
+taken inside the loop body after the last step still reads ``(epoch, c)``
+with no step left from ``c``: loaded on the same topology it continues with
+the next epoch too (on a smaller global batch it first trains the tail the
+larger one dropped, as PART-8 allows).
 ``set_epoch(e)`` starts epoch ``e`` from its beginning unless the state is
 already inside it (so a resumed state survives the usual
 ``loader.set_epoch(epoch)`` at the top of the training loop).
@@ -162,12 +165,12 @@ class ElasticLoader:
                 for batch in iterator:
                     if generation != self._generation:
                         return  # set_epoch / load_state_dict / a newer iter() took over
+                    # Count the batch before handing it out: state_dict() in the loop
+                    # body must already include it, and nothing the workers merely
+                    # prefetched (RES-6).
                     consumed = advance(consumed, total, config)
                     remaining -= 1
-                    # Move the state before handing the batch out: the loop body's
-                    # state_dict() must already count it (RES-6), and after the last
-                    # step it must point at the next epoch (RES-7).
-                    self._epoch, self._consumed = (epoch, consumed) if remaining else (epoch + 1, 0)
+                    self._consumed = consumed
                     yield batch
                     if not remaining:
                         break
@@ -176,8 +179,8 @@ class ElasticLoader:
             require(remaining == 0 or generation != self._generation, StateError,
                     f"the DataLoader ended epoch {epoch} with {remaining} of its steps left: its batch sampler was "
                     "changed behind the loader's back; iterate the ElasticLoader and leave loader.sampler alone")
-        elif generation == self._generation:
-            self._epoch, self._consumed = epoch + 1, 0
+        if generation == self._generation:
+            self._epoch, self._consumed = epoch + 1, 0  # the pass is over: the next one is the next epoch (RES-7)
 
     def __repr__(self) -> str:
         return (f"ElasticLoader({self.sampler!r}, num_workers={self.dataloader.num_workers}, "

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from impl.errors import ConfigError, require
-from reference.packing import BIN_MODES, IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig, Piece
+from reference.packing import IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig, Piece
 
 __all__ = [
     "PackPlan",
@@ -407,14 +407,22 @@ class TokenSource:
         return cls([values], offsets)
 
     def take(self, indices: np.ndarray) -> np.ndarray:
+        """Tokens at global indices (each in ``[0, total)``), as int64."""
         idx = np.asarray(indices, dtype=_I64)
         if len(self._parts) == 1:
             return self._parts[0][idx].astype(_I64)
+        if not idx.size or not self._parts:   # no tokens at all: callers only ask for BOS/EOS positions then
+            return np.zeros(idx.shape, dtype=_I64)
+        starts = self._part_starts
+        first, last = (int(x) for x in np.searchsorted(starts, (idx.min(), idx.max()), side="right") - 1)
+        if first == last:   # the usual case: a sample's documents sit in one file
+            return self._parts[first][idx - starts[first]].astype(_I64)
         out = np.empty(idx.shape, dtype=_I64)
-        part = np.searchsorted(self._part_starts, idx, side="right") - 1
-        for f in np.unique(part).tolist():
+        part = np.searchsorted(starts, idx, side="right") - 1
+        for f in range(first, last + 1):
             sel = part == f
-            out[sel] = self._parts[f][idx[sel] - self._part_starts[f]]
+            if sel.any():
+                out[sel] = self._parts[f][idx[sel] - starts[f]]
         return out
 
 
@@ -427,8 +435,10 @@ def fill_pieces(doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, conf
 
     ``doc_ids`` are global document ids (rows of ``source``); ``starts`` /
     ``stops`` count prepared-document positions. Vectorised over the sample's
-    positions: one gather of input tokens and label tokens together, whatever
-    the number of pieces. Returns int64 arrays of length L (``input_ids``,
+    positions, whatever the number of pieces: one gather of the input tokens
+    (a label inside a piece is the next input) and one of each piece's token
+    after its stop (the label of a piece cut by the sample boundary in
+    concat/chunk). Returns int64 arrays of length L (``input_ids``,
     ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``) and
     ``document_starts`` (one entry per piece).
 
@@ -442,51 +452,57 @@ def fill_pieces(doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, conf
     docs = np.asarray(doc_ids, dtype=_I64)
     a = np.asarray(starts, dtype=_I64)
     b = np.asarray(stops, dtype=_I64)
-    raw_len = source.lengths[docs]
-    m = raw_len + ab + ae
-    bos = _continuation_bos(a, config).astype(_I64)
+    doc_start = source.doc_offsets[docs]
+    m = source.lengths[docs] + (ab + ae)                        # prepared lengths
+    inserts = config.splits and config.bos_on_continuation      # continuation BOS possible at all?
+    bos = (a > 0).astype(_I64) if inserts else 0
     widths = b - a + bos
     seg = np.zeros(len(docs) + 1, dtype=_I64)
     np.cumsum(widths, out=seg[1:])
     total = int(seg[-1])
     require(total <= L, ConfigError, f"a plan sample holds {total} positions but seq_len={L}; the plan is not for this config")
     if config.mode in STREAM_MODES:
-        first, last = a, np.minimum(b, m)
+        first, last = a, np.minimum(b, m - 1)
     else:
         first, last = np.where(a > 0, a + max(0, config.stride - 1), 0), b - 1
+    limit = max(int(source.doc_offsets[-1]) - 1, 0)             # clip: BOS/EOS offsets point past raw tokens
+
+    def prepared_tokens(offset: np.ndarray, where: np.ndarray, prepared_len: np.ndarray) -> np.ndarray:
+        """Token at prepared ``offset`` of each piece's document (``where``: the piece's raw start - add_bos)."""
+        values = source.take(np.clip(offset + where, 0, limit))
+        if ab:
+            values[offset == 0] = config.bos_id
+        if ae:
+            values[offset == prepared_len - 1] = config.eos_id
+        return values
 
     piece = np.repeat(np.arange(len(docs), dtype=_I64), widths)
     rel = np.arange(total, dtype=_I64) - seg[:-1][piece]
-    inserted = (bos[piece] == 1) & (rel == 0)
-    offset = a[piece] + rel - bos[piece]
-    trained = (offset >= first[piece]) & (offset < last[piece]) & ~inserted
-    # One gather for every token needed: inputs at `offset` (not inserted), labels at `offset + 1` (trained).
-    q_piece = np.concatenate([piece[~inserted], piece[trained]])
-    q = np.concatenate([offset[~inserted], offset[trained] + 1])
-    values = np.empty(len(q), dtype=_I64)
-    is_bos = (q == 0) if ab else np.zeros(len(q), dtype=bool)
-    is_eos = (q == m[q_piece] - 1) if ae else np.zeros(len(q), dtype=bool)
-    raw = ~(is_bos | is_eos)
-    values[raw] = source.take(source.doc_offsets[docs[q_piece[raw]]] + q[raw] - ab)
-    if ab:
-        values[is_bos] = config.bos_id
-    if ae:
-        values[is_eos] = config.eos_id
-    n_in = int(np.count_nonzero(~inserted))
+    offset = rel + (a - bos)[piece]                             # prepared offset (a - 1 at an inserted BOS)
+    m_t = m[piece]
+    tokens = prepared_tokens(offset, (doc_start - ab)[piece], m_t)
+    # The label of position j is the token at offset + 1: position j + 1's input inside a piece, and for a
+    # piece's last position (trained only in concat/chunk, when the sample cuts the document) d[stop].
+    following = np.empty(total, dtype=_I64)
+    following[:-1] = tokens[1:]
+    ends = seg[1:] - 1
+    following[ends] = prepared_tokens(b, doc_start - ab, m)
+    trained = (offset >= first[piece]) & (offset < last[piece])  # an inserted BOS (a - 1 < first) never is
+    if inserts:
+        inserted = (rel == 0) & (bos[piece] == 1)
+        tokens[inserted] = config.bos_id
+        offset[inserted] = NO_OFFSET
 
     input_ids = np.full(L, config.pad_id, dtype=_I64)
     labels = np.full(L, IGNORE, dtype=_I64)
     position_ids = np.zeros(L, dtype=_I64)
     out_docs = np.full(L, NO_DOC, dtype=_I64)
     offsets = np.full(L, NO_OFFSET, dtype=_I64)
-    head = input_ids[:total]
-    head[~inserted] = values[:n_in]
-    if inserted.any():
-        head[inserted] = config.bos_id
-    labels[:total][trained] = values[n_in:]
+    input_ids[:total] = tokens
+    labels[:total] = np.where(trained, following, IGNORE)
     position_ids[:total] = rel
     out_docs[:total] = docs[piece]
-    offsets[:total] = np.where(inserted, NO_OFFSET, offset)
+    offsets[:total] = offset
     return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "doc_ids": out_docs,
             "token_offsets": offsets, "document_starts": seg[:-1].copy()}
 

@@ -1,7 +1,7 @@
 """ElasticSampler: one rank's batches of an epoch, as keys a torch DataLoader hands to its workers.
 
-Conforms to PART-1 .. PART-12 (docs/clauses/partition.md) and, through the
-loader that moves it, RES-4 / RES-5 / RES-7 (docs/clauses/resume.md).
+Conforms to PART-1 .. PART-12 (docs/SEMANTICS.md, "Partition across ranks")
+and, through the loader that moves it, RES-4 / RES-5 / RES-7 ("Resume").
 
 Why a batch sampler of keys: torch's DataLoader computes batches in worker
 processes that hold their own copy of the dataset, and persistent workers

@@ -127,6 +127,8 @@ def build_packed_dataset(corpus: Corpus, config: PipelineConfig, workdir: Path) 
 
 class ImplAdapter:
     name = "impl"
+    capabilities = CAPABILITIES - {"ordering:buffer"}
+    """Everything but the buffered shuffle, which ``PackedDataset`` refuses (it has no O(1) random access)."""
 
     def __init__(self, dataset_factory: DatasetFactory | None = None, capabilities: frozenset[str] | None = None,
                  name: str | None = None) -> None:
@@ -135,8 +137,6 @@ class ImplAdapter:
             self.capabilities = frozenset(capabilities)
         if name is not None:
             self.name = name
-
-    capabilities = CAPABILITIES - {"ordering:buffer"}
 
     def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> ImplLoader:
         dataset = self.dataset_factory(corpus, config, Path(workdir))

@@ -187,14 +187,20 @@ def test_the_state_survives_a_json_round_trip_and_resumes_at_the_same_batch():
 
 
 @pytest.mark.clause("RES-7")
-def test_after_the_last_step_of_an_epoch_the_state_already_points_at_the_next_epoch():
+def test_the_state_moves_to_the_next_epoch_when_the_pass_ends_as_the_reference_does():
     loader = build_dataloader(dataset(), batch_size=4, end="drop_last")
+    reference = ReferenceLoader(CORPUS, CONFIG, Topology(batch_size=4))
     states = [loader.state_dict() for _ in loader]
-    check(states[-1]["epoch"] == 1 and states[-1]["consumed"] == 0, clause="RES-7",
-          what=f"state inside the loop after the last step is {states[-1]}, expected epoch 1, consumed 0")
-    check(all(s["epoch"] == 0 for s in states[:-1]), clause="RES-7", what="earlier states left epoch 0")
-    check(len(states) == len(loader) == loader.sampler.__len__(), clause="PART-10",
+    expected = [dict(reference.state_dict(), fingerprint=loader.fingerprint) for _ in reference]
+    assert_equal(states, expected, clause="RES-7", what="states inside the loop body, step by step")
+    check((loader.epoch, loader.consumed) == (reference.epoch, reference.consumed) == (1, 0), clause="RES-7",
+          what=f"position after the pass: {(loader.epoch, loader.consumed)}")
+    check(len(states) == len(build_dataloader(dataset(), batch_size=4)) > 0, clause="PART-10",
           what=f"{len(states)} steps, len() says {len(loader)}")
+    last = build_dataloader(dataset(), batch_size=4)
+    last.load_state_dict(states[-1])                 # taken after the last step, inside the loop
+    assert_equal(rows(take(last, 1)), reference_rows(Topology(batch_size=4), len(states) + 1)[-1:], clause="RES-7",
+                 what="the batch after resuming from the state of the epoch's last step")
 
 
 @pytest.mark.clause("RES-7")

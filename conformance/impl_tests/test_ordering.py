@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
-from conformance.assertions import assert_equal, assert_raises_typed
+from conformance.assertions import assert_equal, assert_raises_typed, check
 from impl import ordering as io
 from impl.errors import ConfigError
 from reference import ordering as ro
@@ -60,7 +60,8 @@ def test_impl_epoch_order_equals_the_reference_order_for_thousands_of_documents(
 @given(sizes=big_sizes, config=big_configs, epoch=epochs, data=st.data())
 def test_order_at_equals_the_reference_at_any_positions_without_computing_the_order(sizes, config, epoch, data):
     n = sum(sizes)
-    positions = data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=20)) if n else []
+    # up to 80 positions: EpochOrder answers few positions with scalar Feistel, many with numpy; both must agree
+    positions = data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=80)) if n else []
     got = io.order_at(sizes, config, epoch, np.array(positions, dtype=np.int64))
     expected = [ro.order_at(sizes, config, epoch, p) for p in positions]
     assert_equal(got.tolist(), expected, clause="ORD-9", what=f"order_at{positions}", repro=repro(sizes, config, epoch))
@@ -140,3 +141,27 @@ def test_window_order_of_a_million_documents_equals_the_reference_on_sampled_pos
                  what="window order at probe positions", repro=repro(sizes, config, 2))
     assert_equal(int(np.bincount(order, minlength=sum(sizes)).max()), 1, clause="ORD-1",
                  what="largest number of times a document appears")
+
+
+@pytest.mark.clause("ORD-9", "RNG-5")
+@pytest.mark.parametrize("kind", ("global", "window"))
+def test_few_positions_and_many_positions_give_the_same_documents(kind):
+    sizes = [700, 0, 1300, 5]
+    config = OrderingConfig(kind=kind, window=64, seed=11)
+    order = io.EpochOrder(sizes, config, 1)
+    many = np.arange(0, 2005, 7, dtype=np.int64)                 # numpy Feistel
+    few = [order(many[i:i + 3]) for i in range(0, len(many), 3)]  # scalar Feistel
+    assert_equal(np.concatenate(few).tolist(), order(many).tolist(), clause="ORD-9", what=f"{kind} order, few vs many")
+    expected = ro.epoch_order(sizes, config, 1)
+    assert_equal(order(many).tolist(), [expected[p] for p in many.tolist()], clause="ORD-9",
+                 what=f"{kind} order vs reference")
+
+
+@pytest.mark.clause("ORD-9")
+def test_worked_examples_in_impl_ordering_docstrings_hold():
+    import doctest
+
+    import impl.ordering as module
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    check(result.failed == 0, clause="ORD-9", what=f"{result.failed} of {result.attempted} docstring examples failed")

@@ -35,6 +35,13 @@ CONFIG = PipelineConfig(packing=PackingConfig(seq_len=16, mode="concat", pad_id=
                         ordering=OrderingConfig(kind="global", seed=11))
 
 
+@pytest.fixture(autouse=True)
+def _only_for_impl(loader):
+    """These jobs run impl's loader in every rank; under another ``--loader`` they would test nothing new."""
+    if loader.name != "impl":
+        pytest.skip(f"gloo jobs exercise impl's loader; --loader selects {loader.name!r}")
+
+
 def _corpus() -> list[list[list[int]]]:
     rng = random.Random(SEED)
     return [[[rng.randrange(1, 1000) for _ in range(rng.randrange(0, 40))] for _ in range(rng.randrange(80, 120))]

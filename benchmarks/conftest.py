@@ -1,0 +1,75 @@
+"""Benchmark fixtures: the corpus of ``LOADSPEC_BENCH_SIZE`` (S by default), machine facts, versions.
+
+Run: ``make bench`` (M, the bench venv with peers), ``LOADSPEC_BENCH_SIZE=L make bench``,
+or the smoke ``LOADSPEC_BENCH_SIZE=S .venv/bin/python -m pytest benchmarks -q --benchmark-disable``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import pytest
+
+from benchmarks import machine
+from benchmarks.corpora import Corpus, describe, size_from_env
+from benchmarks.peers import PEER_DISTS, version
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "bench_group(name): the figure family a benchmark belongs to")
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):  # pytest-benchmark hook
+    machine_info["loadspec"] = {
+        "size": size_from_env(),
+        "corpus": describe(),
+        "machine": machine.facts(),
+        "machine_name": machine.name(),
+        "versions": {d: version(d) for d in PEER_DISTS},
+        "python": platform.python_version(),
+        "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS") if k in os.environ},
+    }
+
+
+@pytest.fixture(scope="session")
+def size() -> str:
+    return size_from_env()
+
+
+@pytest.fixture(scope="session")
+def corpus(size: str) -> Corpus:
+    return Corpus(size)
+
+
+@pytest.fixture(scope="session")
+def smoke(request) -> bool:
+    """``--benchmark-disable``: each benchmark runs once (make test); keep expensive extras off."""
+    return bool(request.config.getoption("benchmark_disable", default=False))
+
+
+@pytest.fixture(scope="session")
+def store(corpus: Corpus):
+    from impl.store import TokenStore
+
+    return TokenStore.open(corpus.store())
+
+
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.skipped and report.when in ("setup", "call"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED.append(f"{report.nodeid.split('::')[-1]}: {reason.removeprefix('Skipped: ')}")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Next to ``--benchmark-json``: ``skipped.txt`` (what was skipped and why) for the report."""
+    target = session.config.getoption("benchmark_json", default=None)
+    if target is None:
+        return
+    path = Path(getattr(target, "name", str(target))).parent / "skipped.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(_SKIPPED) + ("\n" if _SKIPPED else ""))

@@ -1,0 +1,167 @@
+"""Figures from a pytest-benchmark JSON (``--benchmark-json``): per-loader numbers, ratios and the issue's targets.
+
+Shared by ``benchmarks.compare`` (the regression gate) and
+``benchmarks.report`` (REPORT.md and plots). Times are the median of the
+rounds; throughputs are ``tokens / median``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The issue's targets (checked in the report; the regression gate uses the baselines).
+TARGET_RESUME_FLAT = 1.5        # impl resume p90 / p0 at >= 1M documents
+TARGET_TPUT_FRACTION = 0.5      # impl single-process tokens/s / raw gather tokens/s
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+@dataclass
+class Row:
+    name: str
+    group: str
+    median: float
+    min: float
+    rounds: int
+    extra: dict[str, Any]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        t = self.extra.get("tokens")
+        return t / self.median if t and self.median > 0 else None
+
+    @property
+    def items_per_s(self) -> float | None:
+        n = self.extra.get("samples")
+        return n / self.median if n and self.median > 0 else None
+
+
+def rows(data: dict[str, Any]) -> list[Row]:
+    out = []
+    for b in data.get("benchmarks", []):
+        st = b.get("stats") or {}
+        out.append(Row(name=b["param"] if b.get("param") else b["name"], group=b.get("group") or "",
+                       median=float(st.get("median", 0.0)), min=float(st.get("min", 0.0)),
+                       rounds=int(st.get("rounds", 0)), extra=b.get("extra_info") or {}))
+    return out
+
+
+def by_name(data: dict[str, Any]) -> dict[str, Row]:
+    return {r.name: r for r in rows(data)}
+
+
+def loadspec_info(data: dict[str, Any]) -> dict[str, Any]:
+    return (data.get("machine_info") or {}).get("loadspec") or {}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def ratios(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """Gate figures: ``name -> (value, "higher" | "lower")`` (which direction is better).
+
+    Only ratios to something measured in the same run: the raw-gather limit,
+    impl itself at another position/size, or a peer on the same corpus.
+    """
+    r = by_name(data)
+    out: dict[str, tuple[float, str]] = {}
+
+    def put(name: str, value: float | None, better: str) -> None:
+        if value is not None:
+            out[name] = (value, better)
+
+    for shuffle in ("none", "global"):
+        raw = r.get(f"tput-raw-{shuffle}-w0")
+        for w in (0, 2):
+            impl = r.get(f"tput-impl-{shuffle}-w{w}")
+            if impl and raw:
+                put(f"tput impl/raw ({shuffle}, {w} workers)", _ratio(impl.tokens_per_s, raw.tokens_per_s), "higher")
+    p0 = r.get("resume-impl-p00")
+    for pos in ("p50", "p90"):
+        p = r.get(f"resume-impl-{pos}")
+        if p and p0:
+            put(f"resume impl {pos}/p0", _ratio(p.median, p0.median), "lower")
+    opens = {row.extra.get("size"): row for row in r.values() if row.name.startswith("open-impl-")
+             and row.extra.get("loader") == "impl"}
+    if "S" in opens:
+        for size in ("M", "L"):
+            if size in opens:
+                put(f"open impl {size}/S", _ratio(opens[size].median, opens["S"].median), "lower")
+    b_impl, b_hf = r.get("build-impl-p2"), r.get("build-hf-map-p2")
+    if b_impl and b_hf:
+        put("build impl/hf-map tokens/s", _ratio(b_impl.tokens_per_s, b_hf.tokens_per_s), "higher")
+    for row in r.values():
+        if row.extra.get("kind") == "packing" and "utilisation" in row.extra:
+            put(f"packing utilisation {row.extra['mode']}", float(row.extra["utilisation"]), "higher")
+    return out
+
+
+# Per-figure tolerance of the regression gate (relative). Noisy figures get more room.
+TOLERANCES = {"tput": 0.30, "resume": 0.60, "open": 1.00, "build": 0.30, "packing": 0.02}
+
+
+def tolerance(name: str) -> float:
+    return TOLERANCES.get(name.split()[0], 0.30)
+
+
+def peer_ratios(data: dict[str, Any]) -> dict[str, float]:
+    """impl / peer for resume at 90% (latency), warm open (latency) and throughput (tokens/s, 1 process)."""
+    r = by_name(data)
+    size = loadspec_info(data).get("size")
+    out: dict[str, float] = {}
+    impl_res = r.get("resume-impl-p90")
+    for peer in ("hf-iterable", "hf-streaming", "hf-skip", "mosaicml", "litdata"):
+        p = r.get(f"resume-{peer}-p90")
+        v = _ratio(impl_res.median, p.median) if impl_res and p else None
+        if v is not None:
+            out[f"resume@90% latency impl/{peer}"] = v
+    impl_open = r.get(f"open-impl-{size}")
+    for peer in ("hf-load_from_disk", "hf-load_dataset", "mosaicml", "litdata"):
+        p = r.get(f"open-{peer}-{size}")
+        v = _ratio(impl_open.median, p.median) if impl_open and p else None
+        if v is not None:
+            out[f"warm open latency impl/{peer}"] = v
+    impl_t = r.get("tput-impl-none-w0")
+    for peer in ("hf-numpy-w0", "hf-arrow-w0", "mosaicml-w0", "litdata-w0"):
+        p = r.get(f"tput-{peer}")
+        v = _ratio(impl_t.tokens_per_s, p.tokens_per_s) if impl_t and p else None
+        if v is not None:
+            out[f"throughput tokens/s impl/{peer}"] = v
+    return out
+
+
+def targets(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """``(target, measured, note, met)`` for the issue's three targets (met None: not measurable in this run)."""
+    r = by_name(data)
+    size = loadspec_info(data).get("size")
+    docs = {"S": 10_000, "M": 100_000, "L": 1_000_000}.get(size, 0)
+    out = []
+    p0, p90 = r.get("resume-impl-p00"), r.get("resume-impl-p90")
+    if p0 and p90:
+        v = p90.median / p0.median
+        note = "" if docs >= 1_000_000 else f"(corpus {size}: {docs} documents; the target is for >= 1M: run L)"
+        out.append(("resume p90 <= 1.5 x p0 (>= 1M documents)", f"{v:.2f}x ({p0.median * 1e3:.1f} -> "
+                    f"{p90.median * 1e3:.1f} ms)", note, v <= TARGET_RESUME_FLAT if docs >= 1_000_000 else None))
+    opens = {row.extra.get("size"): row.median for row in r.values()
+             if row.name.startswith("open-impl-") and row.extra.get("loader") == "impl"}
+    if opens:
+        shown = ", ".join(f"{s} {opens[s] * 1e3:.2f} ms" for s in ("S", "M", "L") if s in opens)
+        big = max(opens, key=lambda s: "SML".index(s))
+        v = opens[big] / opens["S"] if "S" in opens else None
+        out.append(("warm TokenStore.open independent of token count", shown,
+                    f"{big}/S = {v:.2f}x" if v else "", (v <= 2.0) if v is not None and big != "S" else None))
+    raw, impl = r.get("tput-raw-none-w0"), r.get("tput-impl-none-w0")
+    if raw and impl and raw.tokens_per_s and impl.tokens_per_s:
+        v = impl.tokens_per_s / raw.tokens_per_s
+        out.append(("single-process packed throughput >= 50% of raw mmap gather",
+                    f"{v:.1%} ({impl.tokens_per_s / 1e6:.1f} M vs {raw.tokens_per_s / 1e6:.0f} M tokens/s)",
+                    "concat, no shuffle, batch 8", v >= TARGET_TPUT_FRACTION))
+    return out

@@ -1,0 +1,232 @@
+"""How each loader is built, resumed and iterated; shared by the pytest benchmarks and ``benchmarks.rss``.
+
+Every function here is untimed plumbing: the benchmark modules decide what
+falls inside the timer. Peers are imported lazily so the core venv (no
+peers) can import this module.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.corpora import Corpus, _locked
+from benchmarks.workloads import HF_ITERABLE_SHARDS, SEQ_LEN
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("STREAMING_DISABLE_TELEMETRY", "1")
+
+
+def _quiet_hf() -> None:
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+# --------------------------------------------------------------------------- impl
+
+
+def impl_dataset(corpus: Corpus, *, shuffle: str = "global", packing: str = "concat", cache: bool = True):
+    from impl.dataset import PackedDataset
+    from impl.store import TokenStore
+
+    store = TokenStore.open(corpus.store())
+    return PackedDataset(store, seq_len=SEQ_LEN, packing=packing, shuffle=shuffle, seed=0,
+                         cache_dir=None if cache else False)
+
+
+def impl_loader(dataset, *, batch_size: int, num_workers: int = 0):
+    from impl.loader import build_dataloader
+
+    return build_dataloader(dataset, batch_size=batch_size, rank=0, world_size=1, num_workers=num_workers)
+
+
+def impl_state(loader, consumed: int) -> dict[str, Any]:
+    """The resume state at ``consumed`` samples of epoch 0 (the format RES-2 defines; no iteration needed)."""
+    from reference.resume import make_state
+
+    return make_state(loader.fingerprint, 0, consumed)
+
+
+def batch_tokens(batch: Any) -> int:
+    return int(batch["input_ids"].numel())
+
+
+# --------------------------------------------------------------------------- the limit: raw mmap gather
+
+
+def mapped_token_files(store_path: Path) -> list[np.ndarray]:
+    """Each token file's values as a numpy view of a ``pa.memory_map`` (independent of impl's reader)."""
+    import pyarrow as pa
+
+    meta = json.loads((store_path / "meta.json").read_text())
+    out = []
+    for rec in meta["files"]:
+        with pa.memory_map(str(store_path / rec["name"]), "r") as mm:
+            batch = pa.ipc.open_file(mm).get_batch(0)
+        out.append(batch.column(0).values.to_numpy(zero_copy_only=True))
+    return out
+
+
+def sample_runs(dataset, epoch: int, indices: range, file_token_starts: list[int]) -> list[list[tuple[int, int, int]]]:
+    """Per sample: ``(file, start, stop)`` contiguous token runs its ``input_ids`` came from (padding skipped)."""
+    offsets = dataset.store.doc_offsets
+    fts = np.asarray(file_token_starts, dtype=np.int64)
+    runs_per_sample = []
+    for i in indices:
+        s = dataset.sample(epoch, i)
+        keep = (s["doc_ids"] >= 0) & (s["token_offsets"] >= 0)
+        pos = offsets[s["doc_ids"][keep]] + s["token_offsets"][keep]
+        runs = []
+        if len(pos):
+            breaks = np.flatnonzero(np.diff(pos) != 1) + 1
+            for seg in np.split(pos, breaks):
+                a, b = int(seg[0]), int(seg[-1]) + 1
+                f = int(np.searchsorted(fts, a, side="right") - 1)
+                while b > a:  # split at file boundaries
+                    stop = min(b, int(fts[f + 1]))
+                    runs.append((f, a - int(fts[f]), stop - int(fts[f])))
+                    a, f = stop, f + 1
+        runs_per_sample.append(runs)
+    return runs_per_sample
+
+
+def raw_gather(files: list[np.ndarray], batches: list[list[list[tuple[int, int, int]]]], seq_len: int) -> int:
+    """Copy every batch's token runs out of the mapped files into a fresh ``[B, seq_len]`` buffer; tokens copied."""
+    total = 0
+    for batch in batches:
+        out = np.empty((len(batch), seq_len), dtype=files[0].dtype)
+        for row, runs in enumerate(batch):
+            at = 0
+            for f, a, b in runs:
+                out[row, at:at + b - a] = files[f][a:b]
+                at += b - a
+            total += at
+    return total
+
+
+# --------------------------------------------------------------------------- HF datasets
+
+
+def hf_from_disk(corpus: Corpus):
+    import datasets
+
+    _quiet_hf()
+    return datasets.load_from_disk(str(corpus.hf_disk()))
+
+
+def hf_iterable(corpus: Corpus, base=None):
+    ds = base if base is not None else hf_from_disk(corpus)
+    return ds.to_iterable_dataset(num_shards=HF_ITERABLE_SHARDS).with_format("numpy")
+
+
+def hf_streaming(corpus: Corpus):
+    import datasets
+
+    _quiet_hf()
+    return datasets.load_dataset("parquet", data_files=corpus.parquet_files(), split="train",
+                                 streaming=True).with_format("numpy")
+
+
+def _state_cache(corpus: Corpus, name: str, n: int) -> Path:
+    import datasets
+
+    return corpus.root / "states" / f"{name}-{datasets.__version__}-{n}.json"
+
+
+def hf_state_at(corpus: Corpus, name: str, make_iterable, n: int) -> dict[str, Any]:
+    """The HF IterableDataset state after ``n`` examples, by iterating once (cached on disk per version)."""
+    path = _state_cache(corpus, name, n)
+    if path.exists():
+        return json.loads(path.read_text())
+    with _locked(path):
+        if path.exists():
+            return json.loads(path.read_text())
+        ids = make_iterable()
+        it = iter(ids)
+        for _ in itertools.islice(it, n):
+            pass
+        state = ids.state_dict()
+        del it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(state))
+    return state
+
+
+# --------------------------------------------------------------------------- MosaicML streaming
+
+
+def mosaic_cleanup() -> None:
+    """Drop dead StreamingDatasets so a new one may reuse the local directory's shared memory."""
+    gc.collect()
+    try:
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def mosaic_dataset(corpus: Corpus, batch_size: int):
+    from benchmarks.peers import import_streaming
+
+    streaming = import_streaming()
+    mosaic_cleanup()
+    return streaming.StreamingDataset(local=str(corpus.mds()), batch_size=batch_size, shuffle=False)
+
+
+def mosaic_state(n: int) -> dict[str, Any]:
+    return {"epoch": 0, "sample_in_epoch": n, "num_canonical_nodes": 1, "shuffle_seed": 9176,
+            "initial_physical_nodes": 1}
+
+
+# --------------------------------------------------------------------------- LitData
+
+
+def litdata_loader(corpus: Corpus, batch_size: int, num_workers: int = 0):
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    ds = StreamingDataset(str(corpus.litdata()), shuffle=False)
+    return StreamingDataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=list_collate)
+
+
+def litdata_state(corpus: Corpus, batch_size: int, n: int) -> dict[str, Any]:
+    """LitData's loader state at ``n`` samples: taken after one batch, then moved to ``n``."""
+    loader = litdata_loader(corpus, batch_size)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    state = json.loads(json.dumps(state))
+    state["num_samples_yielded"] = n
+    state["dataset"]["num_samples_yielded"] = n
+    state["dataset"]["sample_in_epoch"] = n
+    return state
+
+
+def list_collate(items: list[Any]) -> list[Any]:
+    return items
+
+
+def doc_tokens(item: Any) -> int:
+    """Tokens in one peer item (a numpy array, or a dict holding ``input_ids``)."""
+    if isinstance(item, dict):
+        item = item["input_ids"]
+    return len(item)
+
+
+def take(iterator: Iterator[Any], n: int) -> list[Any]:
+    return list(itertools.islice(iterator, n))

@@ -1,0 +1,94 @@
+"""(2) Cold build: tokenize + index the text corpus with the fixture tokenizer, 2 processes.
+
+``impl``: ``TokenStore.build(<text parquet dir>, <fixture tokenizer>, out, num_proc=2)``
+(reads the parquet, tokenizes, appends EOS, writes the Arrow token files and
+``meta.json``). ``hf-map``: ``load_dataset("parquet", ...)`` (untimed, into a
+fresh cache) then ``Dataset.map(tokenize + EOS, batched=True, num_proc=2)``
+writing a fresh Arrow cache file. Text corpora are capped at 100k documents
+(S: 10k), so L runs use M's text. Every round starts from an empty output
+directory; the text files are in the page cache (warm input, cold output).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks.corpora import EOS_ID, Corpus
+from benchmarks.peers import require_datasets
+from benchmarks.workloads import BUILDS, Build
+
+
+SMOKE_DOCS = 1000
+
+
+def _tokenize_batch(batch, tokenizer):
+    ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+    return {"input_ids": [x + [EOS_ID] for x in ids]}
+
+
+@pytest.mark.parametrize("w", BUILDS, ids=str)
+def test_build(benchmark, w: Build, corpus: Corpus, smoke: bool, tmp_path: Path):
+    from fixtures.generators import tokenizer_path
+
+    benchmark.group = "build"
+    text = corpus.text()
+    files = sorted(str(p) for p in text.glob("*.parquet"))
+    out: dict = {}
+    rounds = 1
+    limit = SMOKE_DOCS if smoke else None  # make test: a small slice, so the smoke run stays short
+
+    if w.loader == "impl":
+        from impl.store import TokenStore
+
+        source = text
+        if limit is not None:
+            import pyarrow.parquet as pq
+
+            source = pq.read_table(files[0], columns=["text"]).column("text").to_pylist()[:limit]
+
+        def setup():
+            d = Path(tempfile.mkdtemp(dir=tmp_path))
+            return (d / "store",), {}
+
+        def target(dest):
+            out["store"] = TokenStore.build(source, str(tokenizer_path()), dest, num_proc=w.num_proc, progress=False)
+
+        def tokens():
+            return out["store"].num_tokens
+    elif w.loader == "hf-map":
+        datasets = require_datasets()
+        from fixtures.generators import load_tokenizer
+
+        datasets.disable_progress_bars()
+        tok = load_tokenizer()
+
+        def setup():
+            d = Path(tempfile.mkdtemp(dir=tmp_path))
+            ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(d / "cache"))
+            if limit is not None:
+                ds = ds.select(range(limit))
+            return (ds, d), {}
+
+        def target(ds, d):
+            out["ds"] = ds.map(_tokenize_batch, batched=True, num_proc=w.num_proc, fn_kwargs={"tokenizer": tok},
+                               remove_columns=ds.column_names, load_from_cache_file=False,
+                               cache_file_name=str(d / "tokenized.arrow"))
+
+        def tokens():
+            import pyarrow.compute as pc
+
+            col = out["ds"].data.column("input_ids")
+            return int(pc.sum(pc.list_value_length(col)).as_py())
+    else:
+        raise AssertionError(w)
+
+    benchmark.extra_info.update(kind="build", loader=w.loader, num_proc=w.num_proc, size=corpus.size,
+                                documents=limit or min(corpus.num_docs, 100_000))
+    benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=0)
+    benchmark.extra_info.update(tokens=tokens())
+    out.clear()
+    shutil.rmtree(tmp_path, ignore_errors=True)

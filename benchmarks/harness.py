@@ -169,23 +169,52 @@ def hf_state_at(corpus: Corpus, name: str, make_iterable, n: int) -> dict[str, A
 # --------------------------------------------------------------------------- MosaicML streaming
 
 
-def mosaic_cleanup() -> None:
-    """Drop dead StreamingDatasets so a new one may reuse the local directory's shared memory."""
-    gc.collect()
-    try:
-        from streaming.base.util import clean_stale_shared_memory
+_MOSAIC_LIVE: list = []   # (weakref to a StreamingDataset, its shm prefix int)
 
-        clean_stale_shared_memory()
-    except Exception:  # noqa: BLE001 - best effort
-        pass
+
+def mosaic_cleanup() -> None:
+    """Release the shared memory of dead StreamingDatasets, so the next one reuses their prefix.
+
+    Why: streaming keeps every instance's shared memory (and lock files) until
+    the process exits, and each new instance probes all earlier prefixes,
+    opening (and never closing) a descriptor per probe: k instances in one
+    process cost O(k^2) descriptors (the run died at ulimit -n 20000) and
+    make construction slower the more instances came before. Unlinking the
+    segments of instances we created and dropped keeps every construction
+    equal to the first one in a fresh process.
+    """
+    import tempfile
+
+    gc.collect()
+    keep = []
+    for ref, prefix in _MOSAIC_LIVE:
+        if ref() is not None:
+            keep.append((ref, prefix))
+            continue
+        tag = f"{prefix:06}_"
+        for root in ("/dev/shm", tempfile.gettempdir()):
+            try:
+                names = [n for n in os.listdir(root) if n.startswith(tag)]
+            except OSError:
+                continue
+            for name in names:
+                try:
+                    os.unlink(os.path.join(root, name))
+                except OSError:
+                    pass
+    _MOSAIC_LIVE[:] = keep
 
 
 def mosaic_dataset(corpus: Corpus, batch_size: int):
+    import weakref
+
     from benchmarks.peers import import_streaming
 
     streaming = import_streaming()
     mosaic_cleanup()
-    return streaming.StreamingDataset(local=str(corpus.mds()), batch_size=batch_size, shuffle=False)
+    ds = streaming.StreamingDataset(local=str(corpus.mds()), batch_size=batch_size, shuffle=False)
+    _MOSAIC_LIVE.append((weakref.ref(ds), int(getattr(ds, "_shm_prefix_int", -1))))
+    return ds
 
 
 def mosaic_state(n: int) -> dict[str, Any]:

@@ -48,9 +48,9 @@ def _opener(w: Open, corpus: Corpus, held: list):
         corpus.hf_load_dataset()  # fills the cache: the timed call is a cache hit
         return setup, lambda: held.append(corpus.hf_load_dataset())
     if w.loader == "mosaicml":
-        streaming = require_streaming()
-        path = str(corpus.mds())
-        return setup, lambda: held.append(streaming.StreamingDataset(local=path, batch_size=RESUME_BATCH))
+        require_streaming()
+        corpus.mds()
+        return setup, lambda: held.append(harness.mosaic_dataset(corpus, RESUME_BATCH))
     if w.loader == "litdata":
         litdata = require_litdata()
         path = str(corpus.litdata())

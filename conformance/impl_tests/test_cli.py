@@ -1,0 +1,73 @@
+"""The ``loadspec`` command line: build, preview, check, and a small run of the demo job."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conformance.assertions import assert_equal, check
+from fixtures import generators
+from impl import cli
+from impl.demo import DemoConfig, run
+from impl.store import TokenStore
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    texts = generators.load_corpus(limit=12)
+    generators.write_jsonl_shards(texts, root / "data", num_shards=2)
+    code = cli.main(["build", str(root / "data"), str(root / "store"), "--tokenizer", str(generators.tokenizer_path()),
+                     "--num-proc", "1"])
+    assert code == 0
+    return root / "store"
+
+
+@pytest.mark.clause("PACK-6")
+def test_build_tokenizes_every_document_with_an_eos(store_dir):
+    store = TokenStore.open(store_dir)
+    tok = generators.load_tokenizer()
+    texts = generators.load_corpus(limit=12)
+    assert_equal(len(store), 12, clause="PACK-1", what="documents in the built store")
+    assert_equal(store[3].tolist(), tok(texts[3], add_special_tokens=False).input_ids + [tok.eos_token_id],
+                 clause="PACK-1", what="document 3 tokens")
+
+
+@pytest.mark.clause("PACK-5")
+def test_preview_marks_document_boundaries_and_masked_labels(store_dir, capsys):
+    assert cli.main(["preview", str(store_dir), "--seq-len", "64", "--packing", "best_fit", "-n", "3",
+                     "--tokenizer", str(generators.tokenizer_path())]) == 0
+    out = capsys.readouterr().out
+    check("⟦doc 0 @0⟧In the beginning" in out, clause="PACK-5", what=f"first document's start not shown in {out[:300]!r}")
+    check("‹" in out and "labels masked" in out, clause="PACK-4", what="masked labels not marked")
+
+
+@pytest.mark.clause("RES-4", "PART-1")
+def test_check_audits_resumes_across_world_sizes_and_reports_ok(store_dir, capsys):
+    code = cli.main(["check", str(store_dir), "--seq-len", "32", "--shuffle", "global", "--world-sizes", "2,3",
+                     "--batch-size", "2", "--resumes", "3", "--verify"])
+    out = capsys.readouterr().out
+    assert_equal(code, 0, clause="RES-4", what=f"exit code (output: {out})")
+    check("duplicates 0, missing 0" in out and out.rstrip().endswith("OK"), clause="RES-4", what=f"report: {out}")
+
+
+def test_commands_report_typed_errors_with_exit_code_2(tmp_path, capsys):
+    code = cli.main(["check", str(tmp_path / "nowhere"), "--seq-len", "8"])
+    err = capsys.readouterr().err
+    assert_equal(code, 2, clause="RES-3", what="exit code for a missing store")
+    check("StoreNotFoundError" in err, clause="RES-3", what=f"stderr {err!r} does not name the error")
+
+
+@pytest.mark.gloo
+@pytest.mark.clause("RES-4", "RES-1")
+def test_demo_resumes_two_ranks_on_three_with_no_sample_missing_or_repeated_gloo(tmp_path):
+    cfg = DemoConfig(documents=10, seq_len=32, global_batch=6, checkpoint_step=4, steps_after_checkpoint=2,
+                     join_timeout_s=240)
+    report = run(tmp_path, cfg)
+    assert_equal((report["duplicates"], report["missing"]), (0, 0), clause="RES-4", what="duplicates, missing")
+    check(report["samples_trained"] == report["samples_in_epoch"] - report["dropped_by_drop_last"], clause="PART-4",
+          what=f"trained {report['samples_trained']} samples")
+    check(report["loss_after_resume"] < report["loss_of_an_untrained_model"], clause="RES-1",
+          what=f"loss after resume {report['loss_after_resume']:.3f} looks like an untrained model")
+    check(json.loads((tmp_path / "report.json").read_text()) == report, clause="RES-2", what="report.json")

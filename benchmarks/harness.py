@@ -173,7 +173,9 @@ _MOSAIC_LIVE: list = []   # (weakref to a StreamingDataset, its shm prefix int)
 
 
 def mosaic_cleanup() -> None:
-    """Release the shared memory of dead StreamingDatasets, so the next one reuses their prefix.
+    """Release the shared memory of the StreamingDatasets we dropped, so the next one reuses their prefix.
+
+    Call only when no dataset created here is in use any more.
 
     Why: streaming keeps every instance's shared memory (and lock files) until
     the process exits, and each new instance probes all earlier prefixes,
@@ -183,16 +185,20 @@ def mosaic_cleanup() -> None:
     segments of instances we created and dropped keeps every construction
     equal to the first one in a fresh process.
     """
+    import re
     import tempfile
 
     gc.collect()
-    keep = []
-    for ref, prefix in _MOSAIC_LIVE:
-        if ref() is not None:
-            keep.append((ref, prefix))
-            continue
+    tmp = tempfile.gettempdir()
+    prefixes = {prefix for _, prefix in _MOSAIC_LIVE}
+    # Lock files left by earlier (dead) processes: no live segment under their prefix.
+    for name in os.listdir(tmp):
+        m = re.fullmatch(r"(\d{6})_\w+_filelock", name)
+        if m and not os.path.exists(f"/dev/shm/{m.group(1)}_locals"):
+            prefixes.add(int(m.group(1)))
+    for prefix in prefixes:
         tag = f"{prefix:06}_"
-        for root in ("/dev/shm", tempfile.gettempdir()):
+        for root in ("/dev/shm", tmp):
             try:
                 names = [n for n in os.listdir(root) if n.startswith(tag)]
             except OSError:
@@ -202,7 +208,7 @@ def mosaic_cleanup() -> None:
                     os.unlink(os.path.join(root, name))
                 except OSError:
                     pass
-    _MOSAIC_LIVE[:] = keep
+    _MOSAIC_LIVE.clear()
 
 
 def mosaic_dataset(corpus: Corpus, batch_size: int):

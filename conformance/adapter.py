@@ -20,7 +20,7 @@ and is selected with ``pytest conformance --loader mypkg.adapter:adapter``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -77,6 +77,30 @@ class LoaderAdapter(Protocol):
     capabilities: frozenset[str]
 
     def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> LoaderUnderTest: ...
+
+
+class RowLoader:
+    """A loader whose batches are converted to canonical rows; state calls pass straight through.
+
+    Adapters wrap their loader in this with the one function that knows its batch format.
+    """
+
+    def __init__(self, loader: Any, to_rows: Callable[[Any], list[CanonicalRow]]) -> None:
+        self.loader = loader
+        self.to_rows = to_rows
+
+    def __iter__(self) -> Iterator[list[CanonicalRow]]:
+        for batch in self.loader:
+            yield self.to_rows(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
 
 
 def required_capabilities(config: PipelineConfig, topology: Topology | None = None) -> set[str]:

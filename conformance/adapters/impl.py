@@ -20,13 +20,13 @@ test the loader layer alone.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance.adapter import CAPABILITIES, CanonicalRow
+from conformance.adapter import CAPABILITIES, CanonicalRow, RowLoader
 from impl.errors import ConfigError, require
-from impl.loader import ElasticLoader, build_dataloader
+from impl.loader import build_dataloader
 from reference.resume import Corpus, PipelineConfig, Topology, canonical_json, pipeline_fingerprint
 
 ROW_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
@@ -40,26 +40,6 @@ def rows_from_batch(batch: Mapping[str, Any]) -> list[CanonicalRow]:
     indices = batch["sample_index"].tolist()
     columns = [batch[name].tolist() for name in ROW_FIELDS]
     return [CanonicalRow(epochs[b], indices[b], *(tuple(col[b]) for col in columns)) for b in range(len(indices))]
-
-
-class ImplLoader:
-    """``ElasticLoader`` yielding ``list[CanonicalRow]`` per step (``LoaderUnderTest``)."""
-
-    def __init__(self, loader: ElasticLoader) -> None:
-        self.loader = loader
-
-    def __iter__(self) -> Iterator[list[CanonicalRow]]:
-        for batch in self.loader:
-            yield rows_from_batch(batch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
 
 
 def corpus_key(corpus: Corpus) -> str:
@@ -138,12 +118,12 @@ class ImplAdapter:
         if name is not None:
             self.name = name
 
-    def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> ImplLoader:
+    def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> RowLoader:
         dataset = self.dataset_factory(corpus, config, Path(workdir))
         loader = build_dataloader(dataset, batch_size=topology.batch_size, rank=topology.rank,
                                   world_size=topology.world_size, replication=topology.replication, end=config.end,
                                   num_workers=topology.num_workers)
-        return ImplLoader(loader)
+        return RowLoader(loader, rows_from_batch)
 
 
 def adapter() -> ImplAdapter:

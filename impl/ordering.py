@@ -19,7 +19,7 @@ document at a position with ``impl.rng.FeistelPermutation`` on just the
 positions asked for, so a billion-document epoch needs no billion-entry array
 (ORD-3, ORD-9). ``window`` needs only the file order (O(files)), and its
 per-window Feistel permutations are evaluated for all windows at once with one
-key per element (``_keyed_feistel``; the same network as
+key per element (``impl.rng.feistel``; the same network as
 ``impl.rng.FeistelPermutation``). For a handful of positions (a sample's
 documents) ``EpochOrder`` uses ``reference.rng``'s scalar network instead,
 which is bit-identical and several times faster than numpy on tiny arrays.
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from impl.errors import ConfigError, require
-from impl.rng import FEISTEL_ROUNDS, GOLDEN_GAMMA, MASK64, FeistelPermutation, Stream, derive_key, mix64, subkey
+from impl.rng import GOLDEN_GAMMA, MASK64, FeistelPermutation, Stream, derive_key, feistel, mix64, subkey
 from reference.ordering import OrderingConfig
 from reference.rng import FeistelPermutation as ScalarFeistel
 
@@ -98,41 +98,6 @@ def _subkeys(key: int, index: np.ndarray) -> np.ndarray:
         return mix64(_U(key & MASK64) ^ mix64((k + _U(1)) * _U(GOLDEN_GAMMA)))
 
 
-def _keyed_feistel(n: int, keys: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``FeistelPermutation(n, keys[j])(x[j])`` for every j: one permutation size, one key per element (RNG-5).
-
-    Why: the window shuffle permutes every window with its own sub-key; all
-    full windows share the size ``w``, so evaluating them together turns a
-    Python loop over N / w windows into a handful of array operations. Same
-    network and cycle-walking as ``impl.rng.FeistelPermutation``.
-
-    >>> from reference.rng import FeistelPermutation as Ref
-    >>> keys = np.array([7, 9, 7], dtype=np.uint64)
-    >>> _keyed_feistel(5, keys, np.array([1, 1, 4])).tolist() == [Ref(5, 7)(1), Ref(5, 9)(1), Ref(5, 7)(4)]
-    True
-    """
-    bits = max(2, (max(n, 1) - 1).bit_length())
-    bits += bits & 1
-    h = _U(bits // 2)
-    mask = _U((1 << (bits // 2)) - 1)
-    round_keys = [_U(r << 32) for r in range(FEISTEL_ROUNDS)]
-    keys = np.asarray(keys, dtype=_U)
-
-    def encrypt(v: np.ndarray, k: np.ndarray) -> np.ndarray:
-        left, right = v >> h, v & mask
-        for r in range(FEISTEL_ROUNDS):
-            left, right = right, left ^ (mix64(k ^ mix64(round_keys[r] | right)) & mask)
-        return (left << h) | right
-
-    out = encrypt(np.asarray(x, dtype=_U), keys)
-    bound = _U(n)
-    pending = np.flatnonzero(out >= bound)
-    while pending.size:
-        out[pending] = encrypt(out[pending], keys[pending])
-        pending = pending[out[pending] >= bound]
-    return out.astype(np.int64)
-
-
 def _window_source(n: int, window: int, key: int, positions: np.ndarray) -> np.ndarray:
     """The file-order position each output position takes under the window shuffle (ORD-5)."""
     positions = np.asarray(positions, dtype=np.int64)
@@ -142,7 +107,7 @@ def _window_source(n: int, window: int, key: int, positions: np.ndarray) -> np.n
     tail = n - last * window                # its size (0: no partial window)
     full = k < last
     if full.any():
-        out[full] = k[full] * window + _keyed_feistel(window, _subkeys(key, k[full]), j[full])
+        out[full] = k[full] * window + feistel(window, _subkeys(key, k[full]), j[full])
     if tail and not full.all():
         part = ~full
         out[part] = last * window + FeistelPermutation(tail, _subkeys(key, np.array([last]))[0].item())(j[part])

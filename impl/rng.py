@@ -20,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from reference.errors import ConfigError, require
-from reference.rng import FEISTEL_ROUNDS, GOLDEN_GAMMA, MASK64, Stream, derive_key, subkey  # noqa: F401
+from reference.rng import FEISTEL_ROUNDS, GOLDEN_GAMMA, MASK64, Stream, derive_key, feistel_half_bits, subkey  # noqa: F401
 
 _U = np.uint64
 _C1 = _U(0xBF58476D1CE4E5B9)
 _C2 = _U(0x94D049BB133111EB)
 _GAMMA = _U(GOLDEN_GAMMA)
+_ROUND_KEYS = [_U(r << 32) for r in range(FEISTEL_ROUNDS)]
 
 
 def mix64(z: np.ndarray) -> np.ndarray:
@@ -55,43 +56,53 @@ def unit(key: int, counters: np.ndarray) -> np.ndarray:
     return (draw(key, counters) >> _U(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def feistel(n: int, keys: int | np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``reference.rng.FeistelPermutation(n, keys[j])(x[j])`` for every j, as int64 (RNG-5).
+
+    ``keys`` is one key for all elements or one per element: the window shuffle
+    permutes every window with its own sub-key, and evaluating all windows of
+    one size together turns a Python loop over windows into a few array passes.
+
+    >>> from reference.rng import FeistelPermutation as Ref
+    >>> feistel(5, np.array([7, 9, 7], dtype=np.uint64), np.array([1, 1, 4])).tolist() == [Ref(5, 7)(1), Ref(5, 9)(1), Ref(5, 7)(4)]
+    True
+    """
+    half = feistel_half_bits(n)
+    h, mask = _U(half), _U((1 << half) - 1)
+    x = np.asarray(x, dtype=_U)
+    keys = np.broadcast_to(np.asarray(keys, dtype=_U), x.shape)
+
+    def encrypt(v: np.ndarray, k: np.ndarray) -> np.ndarray:
+        left, right = v >> h, v & mask
+        for r in range(FEISTEL_ROUNDS):
+            left, right = right, left ^ (mix64(k ^ mix64(_ROUND_KEYS[r] | right)) & mask)
+        return (left << h) | right
+
+    out = encrypt(x, keys)
+    bound = _U(n)
+    pending = np.flatnonzero(out >= bound)
+    while pending.size:
+        out[pending] = encrypt(out[pending], keys[pending])
+        pending = pending[out[pending] >= bound]
+    return out.astype(np.int64)
+
+
 class FeistelPermutation:
     """Vectorised ``reference.rng.FeistelPermutation`` (RNG-5): ``p(indices)`` is bit-identical."""
 
-    __slots__ = ("n", "key", "half_bits", "half_mask", "_round_keys")
+    __slots__ = ("n", "key")
 
     def __init__(self, n: int, key: int) -> None:
         require(n >= 0, ConfigError, f"permutation size n={n} must be >= 0")
         self.n = n
         self.key = key & MASK64
-        bits = max(2, (max(n, 1) - 1).bit_length())
-        bits += bits & 1
-        self.half_bits = bits // 2
-        self.half_mask = _U((1 << self.half_bits) - 1)
-        self._round_keys = [_U(r << 32) for r in range(FEISTEL_ROUNDS)]
-
-    def _round(self, r: int, right: np.ndarray) -> np.ndarray:
-        return mix64(_U(self.key) ^ mix64(self._round_keys[r] | right)) & self.half_mask
-
-    def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        h = _U(self.half_bits)
-        left, right = x >> h, x & self.half_mask
-        for r in range(FEISTEL_ROUNDS):
-            left, right = right, left ^ self._round(r, right)
-        return (left << h) | right
 
     def __call__(self, indices: np.ndarray) -> np.ndarray:
         """Images of ``indices`` (any int array with values in ``[0, n)``) as int64."""
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             raise IndexError(f"indices outside the permutation of size {self.n}")
-        x = self._encrypt(idx.astype(_U))
-        bound = _U(self.n)
-        pending = np.flatnonzero(x >= bound)
-        while pending.size:
-            x[pending] = self._encrypt(x[pending])
-            pending = pending[x[pending] >= bound]
-        return x.astype(np.int64)
+        return feistel(self.n, self.key, idx)
 
     def to_array(self) -> np.ndarray:
         return self(np.arange(self.n, dtype=np.int64))

@@ -102,6 +102,13 @@ def unit(key: int, counter: int) -> float:
     return (draw(key, counter) >> 11) * (1.0 / (1 << 53))
 
 
+def feistel_half_bits(n: int) -> int:
+    """Bits per Feistel half for a domain of ``n``: the smallest ``h >= 1`` with ``2**(2h) >= n`` (RNG-5)."""
+    require(n >= 0, ConfigError, f"permutation size n={n} must be >= 0")
+    bits = max(2, (max(n, 1) - 1).bit_length())
+    return (bits + (bits & 1)) // 2
+
+
 class FeistelPermutation:
     """A keyed bijection of ``[0, n)`` computable at any single index (RNG-5).
 
@@ -124,12 +131,9 @@ class FeistelPermutation:
     __slots__ = ("n", "key", "half_bits", "half_mask")
 
     def __init__(self, n: int, key: int) -> None:
-        require(n >= 0, ConfigError, f"permutation size n={n} must be >= 0")
+        self.half_bits = feistel_half_bits(n)
         self.n = n
         self.key = key & MASK64
-        bits = max(2, (max(n, 1) - 1).bit_length())
-        bits += bits & 1
-        self.half_bits = bits // 2
         self.half_mask = (1 << self.half_bits) - 1
 
     def _round(self, r: int, right: int) -> int:

@@ -451,13 +451,3 @@ def test_bad_configurations_raise_typed_errors_naming_the_fix(workdir):
                         what="from_config with a PackingConfig", mentions=["PipelineConfig"])
     assert_raises_typed(ConfigError, PackedDataset, 42, seq_len=4, clause="PACK-21", what="a store that is a number",
                         mentions=["TokenStore"])
-
-
-@pytest.mark.clause("RES-1")
-def test_worked_examples_in_impl_dataset_docstrings_hold():
-    import doctest
-
-    import impl.dataset as module
-
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    check(result.failed == 0, clause="RES-1", what=f"{result.failed} of {result.attempted} docstring examples failed")

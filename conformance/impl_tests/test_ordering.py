@@ -155,13 +155,3 @@ def test_few_positions_and_many_positions_give_the_same_documents(kind):
     expected = ro.epoch_order(sizes, config, 1)
     assert_equal(order(many).tolist(), [expected[p] for p in many.tolist()], clause="ORD-9",
                  what=f"{kind} order vs reference")
-
-
-@pytest.mark.clause("ORD-9")
-def test_worked_examples_in_impl_ordering_docstrings_hold():
-    import doctest
-
-    import impl.ordering as module
-
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    check(result.failed == 0, clause="ORD-9", what=f"{result.failed} of {result.attempted} docstring examples failed")

@@ -163,13 +163,3 @@ def test_invalid_plan_requests_raise_config_errors_naming_the_fix():
                         mentions=["negative"])
     assert_raises_typed(ConfigError, ip.PackPlan, "concat", 4, {"sample_ptr": np.zeros(1, dtype=np.int64)},
                         clause="PACK-20", what="bin arrays for a stream plan", mentions=["cum", "recompute"])
-
-
-@pytest.mark.clause("PACK-20")
-def test_worked_examples_in_impl_packing_docstrings_hold():
-    import doctest
-
-    import impl.packing as module
-
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    check(result.failed == 0, clause="PACK-20", what=f"{result.failed} of {result.attempted} docstring examples failed")

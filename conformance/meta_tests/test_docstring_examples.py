@@ -1,4 +1,4 @@
-"""Meta test: the worked examples in reference docstrings are true (they are doctests)."""
+"""Meta test: the worked examples in reference and impl docstrings are true (they are doctests)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import pkgutil
 
 import pytest
 
+import impl
 import reference
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(reference.__path__))
+MODULES = sorted(f"{pkg.__name__}.{m.name}" for pkg in (reference, impl) for m in pkgutil.iter_modules(pkg.__path__))
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_worked_examples_in_reference_docstrings_hold(name):
-    module = importlib.import_module(f"reference.{name}")
+def test_worked_examples_in_docstrings_hold(name):
+    module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples in reference.{name} failed"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples in {name} failed"

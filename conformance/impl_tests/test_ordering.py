@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
-from conformance.assertions import assert_equal, assert_raises_typed, check
+from conformance.assertions import assert_equal, assert_raises_typed
 from impl import ordering as io
 from impl.errors import ConfigError
 from reference import ordering as ro

@@ -27,6 +27,12 @@ On-disk layout of ``out_dir``::
 Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
 the split depends only on the document count, never on ``num_proc``, so the
 same inputs always give byte-identical files and the same fingerprint.
+
+What a store is made from lives next door: :mod:`impl.sources` turns the
+user's source into ordered document texts, :mod:`impl.encoding` pins the
+tokenizer down and turns texts into token ids. This module owns what is on
+disk (the layout above, ``meta.json``, signatures, the fingerprint and their
+validation), writing it (in this process or in spawned workers) and reading it.
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import datetime
-import gzip
 import hashlib
 import itertools
 import json
@@ -44,11 +49,10 @@ import math
 import multiprocessing
 import operator
 import os
-import re
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,17 +60,19 @@ import numpy as np
 import pyarrow as pa
 
 from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
+from impl.encoding import Encoder, TokenizerInfo, resolve_tokenizer
 from impl.errors import (
     REBUILD_HINT,
     ConfigError,
     EmptyDataError,
-    SourceError,
+    SourceError as SourceError,
     StoreCorruptError,
     StoreError,
     StoreNotFoundError,
     StoreVersionError,
     TokenizerError,
 )
+from impl.sources import Source, rechunk, resolve_source
 
 __all__ = [
     "TokenStore",
@@ -94,10 +100,6 @@ DEFAULT_DOCS_PER_FILE = 65536
 QUICK_SIGNATURE_BYTES = 64 * 1024
 _UINT16_LIMIT = 1 << 16
 _READ_CHUNK = 1 << 20
-_TEXT_BATCH = 8192
-
-_DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".txt", ".txt.gz")
-_FILE_SUFFIXES = _DATA_SUFFIXES + (".json", ".json.gz")
 
 
 # --------------------------------------------------------------------------- configuration
@@ -127,29 +129,6 @@ class BuildOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r}: must be an integer >= 1")
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TokenizerInfo:
-    """Identity of the tokenizer a store was built with.
-
-    ``sha256`` hashes the tokenizer's JSON serialisation (with truncation and
-    padding switched off, since the build never uses them), so two tokenizers
-    that encode identically from the same definition share it.
-    """
-
-    sha256: str
-    class_name: str
-    vocab_size: int
-    eos_id: int | None
-    bos_id: int | None
-    pad_id: int | None
-    eos_token: str | None
-    bos_token: str | None
-    pad_token: str | None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -242,153 +221,7 @@ def _content_fingerprint(file_sha256s: Sequence[str], dtype: str, tokenizer_sha2
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-# --------------------------------------------------------------------------- tokenizer
-
-
-def _load_tokenizer(spec: Any) -> Any:
-    """Turn a path or object into a transformers fast tokenizer (never touches the network)."""
-    if isinstance(spec, (str, os.PathLike)):
-        path = Path(spec)
-        if not path.exists():
-            raise TokenizerError(
-                f"tokenizer path {str(path)!r} does not exist: pass a local directory loadable by "
-                "transformers.AutoTokenizer.from_pretrained, a tokenizer.json file, or a tokenizer object "
-                "(hub names are not fetched)"
-            )
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-        try:
-            if path.is_dir():
-                return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            if path.name == "tokenizer.json" and (
-                (path.parent / "tokenizer_config.json").exists() or (path.parent / "special_tokens_map.json").exists()
-            ):
-                # The sibling configs carry eos/bos/pad, which tokenizer.json alone does not.
-                return AutoTokenizer.from_pretrained(str(path.parent), local_files_only=True)
-            return PreTrainedTokenizerFast(tokenizer_file=str(path))
-        except TokenizerError:
-            raise
-        except Exception as exc:
-            raise TokenizerError(
-                f"could not load a tokenizer from {str(path)!r} ({type(exc).__name__}: {exc}); pass a directory "
-                "saved with tokenizer.save_pretrained() or a tokenizer.json file"
-            ) from exc
-    try:
-        import tokenizers
-    except ImportError:  # pragma: no cover - tokenizers is a dependency
-        tokenizers = None
-    if tokenizers is not None and isinstance(spec, tokenizers.Tokenizer):
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast(tokenizer_object=spec)
-    return spec
-
-
-def _resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
-    """Return the normalised tokenizer JSON (what workers rebuild from) and its identity."""
-    from tokenizers import Tokenizer
-
-    tok = _load_tokenizer(spec)
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is None or not hasattr(backend, "to_str"):
-        raise TokenizerError(
-            f"{type(tok).__name__} is not a fast tokenizer (no backend_tokenizer): load it with "
-            "AutoTokenizer.from_pretrained(..., use_fast=True) or pass a tokenizer.json"
-        )
-    normal = Tokenizer.from_str(backend.to_str())
-    normal.no_truncation()
-    normal.no_padding()
-    tok_json = normal.to_str()
-    vocab = normal.get_vocab(with_added_tokens=True)
-    max_id = max(vocab.values()) if vocab else -1
-    try:
-        length = len(tok)
-    except TypeError:
-        length = 0
-    vocab_size = max(length, max_id + 1, normal.get_vocab_size(with_added_tokens=True))
-
-    def _special(name: str) -> tuple[int | None, str | None]:
-        token = getattr(tok, name, None)
-        tid = getattr(tok, name + "_id", None)
-        if isinstance(token, str) and tid is None:
-            tid = normal.token_to_id(token)
-        if tid is not None:
-            tid = int(tid)
-        return tid, (str(token) if token is not None else None)
-
-    eos_id, eos_token = _special("eos_token")
-    bos_id, bos_token = _special("bos_token")
-    pad_id, pad_token = _special("pad_token")
-    info = TokenizerInfo(
-        sha256=hashlib.sha256(tok_json.encode("utf-8")).hexdigest(),
-        class_name=type(tok).__name__,
-        vocab_size=int(vocab_size),
-        eos_id=eos_id,
-        bos_id=bos_id,
-        pad_id=pad_id,
-        eos_token=eos_token,
-        bos_token=bos_token,
-        pad_token=pad_token,
-    )
-    return tok_json, info
-
-
-# --------------------------------------------------------------------------- encoding (runs in workers)
-
-
-class _Encoder:
-    """Tokenizes one contiguous range of documents and writes it as one Arrow file."""
-
-    def __init__(self, tok_json: str, *, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int):
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_str(tok_json)
-        self.tok.no_truncation()
-        self.tok.no_padding()
-        self.dtype = np.dtype(dtype)
-        self.bos_id = bos_id
-        self.eos_id = eos_id
-        self.batch_size = batch_size
-        self._encode = getattr(self.tok, "encode_batch_fast", None) or self.tok.encode_batch
-
-    def encode(self, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-        """Return (values, int64 offsets of length n+1, number of documents with no text tokens)."""
-        n_pre = 0 if self.bos_id is None else 1
-        n_post = 0 if self.eos_id is None else 1
-        values_parts: list[np.ndarray] = []
-        length_parts: list[np.ndarray] = []
-        for b in range(0, len(texts), self.batch_size):
-            batch = texts[b : b + self.batch_size]
-            ids = [e.ids for e in self._encode(list(batch), add_special_tokens=False)]
-            lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-            content = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
-            values_parts.append(content)
-            length_parts.append(lens)
-            if on_batch is not None:
-                on_batch(len(batch))
-        content = np.concatenate(values_parts) if values_parts else np.empty(0, self.dtype)
-        lens = np.concatenate(length_parts) if length_parts else np.empty(0, np.int64)
-        num_empty = int(np.count_nonzero(lens == 0))
-        out_lens = lens + (n_pre + n_post)
-        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(out_lens, out=offsets[1:])
-        if n_pre == 0 and n_post == 0:
-            return content, offsets, num_empty
-        values = np.empty(int(offsets[-1]), dtype=self.dtype)
-        if n_pre:
-            values[offsets[:-1]] = self.bos_id
-        if n_post:
-            values[offsets[1:] - 1] = self.eos_id
-        content_starts = np.zeros(len(lens), dtype=np.int64)
-        np.cumsum(lens[:-1], out=content_starts[1:])
-        dest = np.arange(len(content), dtype=np.int64) + np.repeat(offsets[:-1] + n_pre - content_starts, lens)
-        values[dest] = content
-        return values, offsets, num_empty
-
-    def write_file(self, path: str, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
-        values, offsets, num_empty = self.encode(texts, on_batch)
-        _write_token_file(path, values, offsets)
-        return _file_record(path, offsets, num_empty)
+# --------------------------------------------------------------------------- token files
 
 
 def _arrow_type(dtype: np.dtype) -> pa.DataType:
@@ -412,7 +245,23 @@ def _write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> Non
         os.close(fd)
 
 
-_WORKER_ENCODER: _Encoder | None = None
+# --------------------------------------------------------------------------- build workers
+
+
+def _write_encoded(enc: Encoder, path: str, texts: Sequence[str],
+                   on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Tokenize one contiguous range of documents and write it as one token file; return its record.
+
+    This is a worker's whole unit of work (``_worker_write``): workers write
+    and hash finished files, so only the small record travels back to the
+    parent, never the tokens.
+    """
+    values, offsets, num_empty = enc.encode(texts, on_batch)
+    _write_token_file(path, values, offsets)
+    return _file_record(path, offsets, num_empty)
+
+
+_WORKER_ENCODER: Encoder | None = None
 
 
 def _worker_init(tok_json: str, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int,
@@ -422,438 +271,16 @@ def _worker_init(tok_json: str, dtype: str, bos_id: int | None, eos_id: int | No
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
     global _WORKER_ENCODER
-    _WORKER_ENCODER = _Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=batch_size)
+    _WORKER_ENCODER = Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=batch_size)
 
 
 def _worker_write(path: str, texts: list[str]) -> dict[str, Any]:
     assert _WORKER_ENCODER is not None, "worker not initialised"
-    return _WORKER_ENCODER.write_file(path, texts)
+    return _write_encoded(_WORKER_ENCODER, path, texts)
 
 
 def _on_file_written(tmp_dir: Path, record: Mapping[str, Any]) -> None:
     """Test seam called after each token file of an in-process build (no-op)."""
-
-
-# --------------------------------------------------------------------------- sources
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Source:
-    kind: str
-    description: Any
-    fingerprint: str | None
-    num_documents: int | None
-    batches: Callable[[], Iterator[list[str]]]
-
-
-def _check_texts(texts: list[Any], where: str, start: int) -> list[str]:
-    for j, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise SourceError(
-                f"document {start + j} ({where}) is {type(t).__name__} {t!r:.60}, not a string: fix the source "
-                "(documents must be text; use '' for an empty document) or choose another text_field"
-            )
-    return texts
-
-
-def _check_arrow_column(col: Any, where: str, text_field: str) -> None:
-    t = col.type
-    ok = pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)
-    if not ok:
-        raise SourceError(f"{where}: column {text_field!r} has type {t}, not string: choose a text column with text_field=")
-    if col.null_count:
-        raise SourceError(
-            f"{where}: column {text_field!r} holds {col.null_count} null value(s): fill them (e.g. with '') or drop "
-            "those rows before building; documents are never dropped silently"
-        )
-
-
-def _missing_field(where: str, text_field: str, columns: Iterable[str]) -> SourceError:
-    return SourceError(f"{where} has no column {text_field!r} (columns: {sorted(columns)}): pass text_field=<one of them>")
-
-
-def _batches_from_dataset(ds: Any, text_field: str, where: str) -> Callable[[], Iterator[list[str]]]:
-    if text_field not in ds.column_names:
-        raise _missing_field(where, text_field, ds.column_names)
-
-    def gen() -> Iterator[list[str]]:
-        col_ds = ds.select_columns([text_field]).with_format("arrow")
-        n = len(col_ds)
-        for start in range(0, n, _TEXT_BATCH):
-            table = col_ds[start : min(n, start + _TEXT_BATCH)]
-            col = table.column(text_field)
-            _check_arrow_column(col, f"{where} rows {start}..", text_field)
-            yield col.to_pylist()
-
-    return gen
-
-
-def _batches_from_iterable_dataset(ds: Any, text_field: str, where: str) -> Callable[[], Iterator[list[str]]]:
-    def gen() -> Iterator[list[str]]:
-        count = 0
-        for rows in _batched(iter(ds), _TEXT_BATCH):
-            texts = []
-            for row in rows:
-                if text_field not in row:
-                    raise _missing_field(where, text_field, row.keys())
-                texts.append(row[text_field])
-            yield _check_texts(texts, where, count)
-            count += len(texts)
-
-    return gen
-
-
-def _batched(it: Iterator[Any], n: int) -> Iterator[list[Any]]:
-    while True:
-        chunk = list(itertools.islice(it, n))
-        if not chunk:
-            return
-        yield chunk
-
-
-def _open_text(path: Path):
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, encoding="utf-8", newline="\n")
-
-
-def _suffix_kind(path: Path) -> str | None:
-    name = path.name.lower()
-    for suffix, kind in (
-        (".parquet", "parquet"),
-        (".arrow", "arrow"),
-        (".jsonl", "jsonl"),
-        (".jsonl.gz", "jsonl"),
-        (".ndjson", "jsonl"),
-        (".ndjson.gz", "jsonl"),
-        (".json", "jsonl"),
-        (".json.gz", "jsonl"),
-        (".txt", "txt"),
-        (".txt.gz", "txt"),
-    ):
-        if name.endswith(suffix):
-            return kind
-    return None
-
-
-def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
-    kind = _suffix_kind(path)
-    where = str(path)
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
-        if text_field not in names:
-            raise _missing_field(where, text_field, names)
-        for batch in pf.iter_batches(batch_size=_TEXT_BATCH, columns=[text_field]):
-            col = batch.column(0)
-            _check_arrow_column(col, where, text_field)
-            yield col.to_pylist()
-    elif kind == "arrow":
-        with pa.memory_map(str(path), "r") as mm:
-            try:
-                reader = pa.ipc.open_file(mm)
-                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-                schema = reader.schema
-            except pa.ArrowInvalid:
-                mm.seek(0)
-                reader = pa.ipc.open_stream(mm)  # datasets' cache files are IPC streams
-                batches = iter(reader)
-                schema = reader.schema
-            if text_field not in schema.names:
-                raise _missing_field(where, text_field, schema.names)
-            for batch in batches:
-                col = batch.column(batch.schema.get_field_index(text_field))
-                _check_arrow_column(col, where, text_field)
-                for s in range(0, len(col), _TEXT_BATCH):
-                    yield col.slice(s, _TEXT_BATCH).to_pylist()
-    elif kind == "jsonl":
-        with _open_text(path) as f:
-            texts: list[str] = []
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue  # a blank line is not a JSON record (not an empty document)
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SourceError(f"{where}:{lineno}: not valid JSON ({exc}): fix the line; one JSON object a line") from exc
-                if not isinstance(obj, dict) or text_field not in obj:
-                    keys = obj.keys() if isinstance(obj, dict) else []
-                    raise SourceError(
-                        f"{where}:{lineno}: record has no field {text_field!r} (fields: {sorted(keys)}): "
-                        "pass text_field=<one of them>"
-                    )
-                value = obj[text_field]
-                if not isinstance(value, str):
-                    raise SourceError(
-                        f"{where}:{lineno}: field {text_field!r} is {type(value).__name__}, not a string: fix the "
-                        "record (use '' for an empty document)"
-                    )
-                texts.append(value)
-                if len(texts) >= _TEXT_BATCH:
-                    yield texts
-                    texts = []
-            if texts:
-                yield texts
-    elif kind == "txt":
-        with _open_text(path) as f:
-            texts = []
-            for line in f:
-                if line.endswith("\n"):
-                    line = line[:-1]
-                if line.endswith("\r"):
-                    line = line[:-1]
-                texts.append(line)
-                if len(texts) >= _TEXT_BATCH:
-                    yield texts
-                    texts = []
-            if texts:
-                yield texts
-    else:
-        raise SourceError(
-            f"{where}: unknown file kind; supported: .parquet, .arrow, .jsonl/.ndjson/.json (JSON Lines), .txt "
-            "(one document a line), optionally .gz for text formats"
-        )
-
-
-def _file_stats_fingerprint(kind: str, files: Sequence[Path], extra: Any = None) -> str:
-    rows = []
-    for p in files:
-        st = p.stat()
-        rows.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
-    payload = {"kind": kind, "files": rows, "extra": extra}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def _files_source(kind: str, files: list[Path], text_field: str, description: Any) -> _Source:
-    def gen() -> Iterator[list[str]]:
-        for p in files:
-            try:
-                yield from _iter_file(p, text_field)
-            except UnicodeDecodeError as exc:
-                raise SourceError(f"{p}: not valid UTF-8 ({exc}): re-encode the file as UTF-8") from exc
-            except (pa.ArrowInvalid, OSError) as exc:
-                if isinstance(exc, FileNotFoundError):
-                    raise SourceError(f"{p}: disappeared during the build ({exc})") from exc
-                raise SourceError(f"{p}: cannot be read as {_suffix_kind(p)} ({type(exc).__name__}: {exc})") from exc
-
-    num_docs: int | None = None
-    if all(_suffix_kind(p) == "parquet" for p in files):
-        import pyarrow.parquet as pq
-
-        num_docs = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-    return _Source(
-        kind=kind,
-        description=description,
-        fingerprint=_file_stats_fingerprint(kind, files, text_field),
-        num_documents=num_docs,
-        batches=gen,
-    )
-
-
-def _datasets_module() -> Any:
-    return sys.modules.get("datasets")
-
-
-def _is_instance(obj: Any, module: Any, *names: str) -> bool:
-    if module is None:
-        return False
-    types = tuple(t for t in (getattr(module, n, None) for n in names) if isinstance(t, type))
-    return bool(types) and isinstance(obj, types)
-
-
-def _dataset_source(ds: Any, text_field: str, where: str, kind: str) -> _Source:
-    datasets = _datasets_module()
-    if _is_instance(ds, datasets, "IterableDataset"):
-        return _Source(
-            kind=kind, description=where, fingerprint=None, num_documents=None,
-            batches=_batches_from_iterable_dataset(ds, text_field, where),
-        )
-    fp = getattr(ds, "_fingerprint", None)
-    return _Source(
-        kind=kind,
-        description=where,
-        fingerprint=(hashlib.sha256(f"datasets:{fp}:{text_field}".encode()).hexdigest() if fp else None),
-        num_documents=len(ds),
-        batches=_batches_from_dataset(ds, text_field, where),
-    )
-
-
-def _pick_split(dsdict: Mapping[str, Any], split: str | None, where: str) -> tuple[str, Any]:
-    splits = list(dsdict.keys())
-    if split is None:
-        raise ConfigError(
-            f"{where} is a DatasetDict with splits {splits}: pass split=<one of them> to build a store from one split"
-        )
-    if split not in dsdict:
-        raise ConfigError(f"{where} has no split {split!r} (splits: {splits}): pass split=<one of them>")
-    return split, dsdict[split]
-
-
-_CACHE_SPLIT_RE = r"-{split}(-\d{{5}}-of-\d{{5}})?\.arrow$"
-
-
-def _builder_cache_files(root: Path, split: str | None) -> tuple[list[Path], str | None]:
-    """Arrow files of one split in a ``load_dataset`` cache directory (holds dataset_info.json)."""
-    try:
-        info = json.loads((root / "dataset_info.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        info = {}
-    splits = list((info.get("splits") or {}).keys()) if isinstance(info, dict) else []
-    arrows = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(".arrow")
-                    and not p.name.startswith(("cache-", ".")))
-    if split is None:
-        if len(splits) > 1:
-            raise ConfigError(
-                f"{root} is a load_dataset cache with splits {splits}: pass split=<one of them>"
-            )
-        return arrows, (splits[0] if splits else None)
-    pattern = re.compile(_CACHE_SPLIT_RE.format(split=re.escape(split)))
-    chosen = [p for p in arrows if pattern.search(p.name)]
-    if not chosen:
-        raise ConfigError(f"{root} has no arrow files for split {split!r} (splits: {splits}): pass split=<one of them>")
-    return chosen, split
-
-
-def _walk_data_files(root: Path) -> list[Path]:
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in filenames:
-            if name.startswith("."):
-                continue
-            p = Path(dirpath) / name
-            if p.name.lower().endswith(_DATA_SUFFIXES):
-                found.append((p.relative_to(root).as_posix(), p))
-    return [p for _, p in sorted(found)]
-
-
-def _resolve_source(source: Any, text_field: str, split: str | None) -> _Source:
-    datasets = _datasets_module()
-
-    def _no_split(kind: str) -> None:
-        if split is not None:
-            raise ConfigError(
-                f"split={split!r} was given but the source ({kind}) has no splits: drop split= "
-                "(it applies to DatasetDict sources, save_to_disk DatasetDicts and load_dataset cache dirs)"
-            )
-
-    if _is_instance(source, datasets, "DatasetDict", "IterableDatasetDict"):
-        name, ds = _pick_split(source, split, "source")
-        return _dataset_source(ds, text_field, f"DatasetDict[{name!r}]", "datasets.DatasetDict")
-    if _is_instance(source, datasets, "Dataset", "IterableDataset"):
-        _no_split(type(source).__name__)
-        return _dataset_source(source, text_field, f"{type(source).__name__}", f"datasets.{type(source).__name__}")
-
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.exists():
-            raise SourceError(
-                f"source path {str(path)!r} does not exist: pass an existing file or directory (to tokenize text "
-                "directly, pass a list of strings)"
-            )
-        if path.is_dir():
-            if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
-                import datasets as _ds
-
-                loaded = _ds.load_from_disk(str(path))
-                if isinstance(loaded, _ds.DatasetDict):
-                    name, ds = _pick_split(loaded, split, str(path))
-                    return _dataset_source(ds, text_field, f"{path}[{name!r}]", "save_to_disk")
-                _no_split("save_to_disk Dataset")
-                return _dataset_source(loaded, text_field, str(path), "save_to_disk")
-            if (path / "dataset_info.json").exists() and any(path.glob("*.arrow")):
-                files, used = _builder_cache_files(path, split)
-                if not files:
-                    raise EmptyDataError(f"source has no documents: {path} holds no .arrow files")
-                return _files_source("load_dataset_cache", files, text_field,
-                                     {"dir": str(path), "split": used, "files": [p.name for p in files]})
-            _no_split("directory")
-            files = _walk_data_files(path)
-            if not files:
-                raise EmptyDataError(
-                    f"source has no documents: directory {path} holds no data files "
-                    f"({', '.join(_DATA_SUFFIXES)}); point at the directory that holds them"
-                )
-            return _files_source("directory", files, text_field,
-                                 {"dir": str(path), "files": [p.relative_to(path).as_posix() for p in files]})
-        _no_split("file")
-        if _suffix_kind(path) is None:
-            raise SourceError(
-                f"{path}: unknown file kind; supported: {', '.join(_FILE_SUFFIXES)}"
-            )
-        return _files_source("file", [path], text_field, {"files": [str(path)]})
-
-    if isinstance(source, (bytes, bytearray)):
-        raise SourceError("source is bytes: decode it to str, and pass a list of documents (strings)")
-    if isinstance(source, Mapping):
-        raise SourceError(
-            f"source is a {type(source).__name__}: pass a datasets.Dataset/DatasetDict, a path, or an iterable "
-            "of strings"
-        )
-    if not isinstance(source, Iterable):
-        raise SourceError(
-            f"source of type {type(source).__name__} is not supported: pass a datasets.Dataset/DatasetDict, a "
-            "parquet/jsonl/txt/arrow file or directory, a save_to_disk directory, or an iterable of strings"
-        )
-    _no_split(type(source).__name__)
-
-    # A sequence of Path objects is a list of files; strings are always documents.
-    if isinstance(source, Sequence) and source and all(isinstance(p, os.PathLike) for p in source):
-        files = [Path(p) for p in source]
-        for p in files:
-            if not p.is_file():
-                raise SourceError(f"source file {str(p)!r} does not exist or is not a file")
-            if _suffix_kind(p) is None:
-                raise SourceError(f"{p}: unknown file kind; supported: {', '.join(_FILE_SUFFIXES)}")
-        return _files_source("files", files, text_field, {"files": [str(p) for p in files]})
-
-    fingerprint = None
-    num_docs = None
-    if isinstance(source, (list, tuple)):
-        num_docs = len(source)
-        if all(type(t) is str for t in source):
-            h = hashlib.sha256(b"loadspec-texts-v1\0")
-            for t in source:
-                b = t.encode("utf-8", "surrogatepass")
-                h.update(len(b).to_bytes(8, "little"))
-                h.update(b)
-            fingerprint = h.hexdigest()
-
-    def gen() -> Iterator[list[str]]:
-        count = 0
-        for items in _batched(iter(source), _TEXT_BATCH):
-            texts = []
-            for item in items:
-                if isinstance(item, Mapping):
-                    if text_field not in item:
-                        raise _missing_field(f"document {count + len(texts)}", text_field, item.keys())
-                    item = item[text_field]
-                texts.append(item)
-            yield _check_texts(texts, "iterable source", count)
-            count += len(texts)
-
-    return _Source(
-        kind="iterable", description=type(source).__name__, fingerprint=fingerprint,
-        num_documents=num_docs, batches=gen,
-    )
-
-
-def _rechunk(batches: Iterator[list[str]], size: int) -> Iterator[list[str]]:
-    """Regroup text batches into consecutive ranges of exactly ``size`` documents (last one fewer)."""
-    buf: list[str] = []
-    for texts in batches:
-        pos = 0
-        while pos < len(texts):
-            take = min(size - len(buf), len(texts) - pos)
-            buf.extend(texts[pos : pos + take])
-            pos += take
-            if len(buf) == size:
-                yield buf
-                buf = []
-    if buf:
-        yield buf
 
 
 # --------------------------------------------------------------------------- meta validation
@@ -1118,7 +545,7 @@ class TokenStore:
         )
         if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
             raise ConfigError(f"num_proc={num_proc!r}: must be None (all CPUs) or an integer >= 1")
-        tok_json, tinfo = _resolve_tokenizer(tokenizer)
+        tok_json, tinfo = resolve_tokenizer(tokenizer)
         if add_eos and tinfo.eos_id is None:
             raise TokenizerError(
                 f"tokenizer {tinfo.class_name} has no eos_token but add_eos=True: set add_eos=False or use a "
@@ -1130,7 +557,7 @@ class TokenStore:
                 "tokenizer with a bos_token"
             )
         dtype = "uint16" if tinfo.vocab_size <= _UINT16_LIMIT else "uint32"
-        src = _resolve_source(source, options.text_field, split)
+        src = resolve_source(source, text_field=options.text_field, split=split)
         build_key = None
         if src.fingerprint is not None:
             build_key = hashlib.sha256(json.dumps({
@@ -1142,7 +569,7 @@ class TokenStore:
             }, sort_keys=True).encode()).hexdigest()
         if src.num_documents == 0:
             raise EmptyDataError(
-                f"source has no documents: {_describe(src)}; nothing to store (check the path, split or filter "
+                f"source has no documents: {src.describe()}; nothing to store (check the path, split or filter "
                 "that produced it)"
             )
 
@@ -1150,7 +577,7 @@ class TokenStore:
             records = _tokenize_into(tmp, src, tok_json, tinfo, options, dtype, num_proc, progress)
             if not records:
                 raise EmptyDataError(
-                    f"source has no documents: {_describe(src)}; nothing to store (check the path, split "
+                    f"source has no documents: {src.describe()}; nothing to store (check the path, split "
                     "or filter that produced it)"
                 )
             return _make_meta(
@@ -1510,10 +937,6 @@ def _version_of(module: str) -> str | None:
     return getattr(mod, "__version__", None)
 
 
-def _describe(src: _Source) -> str:
-    return f"{src.kind} {json.dumps(src.description)[:200]}"
-
-
 def _file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, Any]:
     size = os.path.getsize(path)
     return FileRecord(
@@ -1660,11 +1083,11 @@ def _spawn_can_start() -> bool:
     return True
 
 
-def _tokenize_into(tmp: Path, src: _Source, tok_json: str, tinfo: TokenizerInfo, options: BuildOptions,
+def _tokenize_into(tmp: Path, src: Source, tok_json: str, tinfo: TokenizerInfo, options: BuildOptions,
                    dtype: str, num_proc: int | None, progress: bool) -> list[dict[str, Any]]:
     bos_id = tinfo.bos_id if options.add_bos else None
     eos_id = tinfo.eos_id if options.add_eos else None
-    ranges = _rechunk(src.batches(), options.docs_per_file)
+    ranges = rechunk(src.batches(), options.docs_per_file)
     wanted = _cpu_count() if num_proc is None else num_proc
     if src.num_documents is not None:
         wanted = min(wanted, max(1, math.ceil(src.num_documents / options.docs_per_file)))
@@ -1680,9 +1103,9 @@ def _tokenize_into(tmp: Path, src: _Source, tok_json: str, tinfo: TokenizerInfo,
     records: list[dict[str, Any]] = []
     try:
         if wanted <= 1:
-            enc = _Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=options.batch_size)
+            enc = Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=options.batch_size)
             for index, texts in enumerate(ranges):
-                rec = enc.write_file(str(tmp / FILE_TEMPLATE.format(index)), texts, on_batch=bar.update)
+                rec = _write_encoded(enc, str(tmp / FILE_TEMPLATE.format(index)), texts, on_batch=bar.update)
                 records.append(rec)
                 _on_file_written(tmp, rec)
         else:

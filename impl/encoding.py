@@ -1,0 +1,208 @@
+"""Tokenizer identity and batched encoding: which tokenizer a store is built with, and text to token ids.
+
+Why a module of its own: a store is only reproducible if "the tokenizer" is
+pinned down exactly. Users hand over a directory, a ``tokenizer.json``, a
+``transformers`` tokenizer or a bare ``tokenizers.Tokenizer``;
+:func:`resolve_tokenizer` reduces all of them (locally, never fetching from
+the hub) to one normalised ``tokenizers`` JSON string, which is both what
+worker processes rebuild the tokenizer from (a string pickles cheaply and
+loads identically under ``spawn``) and what :class:`TokenizerInfo` hashes to
+identify it. :class:`Encoder` is the only place text becomes token ids: it
+encodes with ``add_special_tokens=False`` (truncation and padding off) and
+adds bos/eos itself, so the result does not depend on a tokenizer's
+post-processor or on how the documents were batched.
+
+The encoding knows nothing of files: ``impl.store`` writes what
+:meth:`Encoder.encode` returns (flat values plus int64 document offsets, the
+layout of an Arrow ``large_list`` column) as token files.
+
+Worked example (a tiny word-level tokenizer built in memory)::
+
+    >>> from tokenizers import Tokenizer, models, pre_tokenizers
+    >>> tok = Tokenizer(models.WordLevel({"<eos>": 0, "hello": 1, "world": 2, "<unk>": 3}, unk_token="<unk>"))
+    >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    >>> tok_json, info = resolve_tokenizer(tok)
+    >>> info.vocab_size, info.eos_id            # this tokenizer names no eos_token
+    (4, None)
+    >>> enc = Encoder(tok_json, dtype="uint16", bos_id=None, eos_id=0, batch_size=2)
+    >>> values, offsets, num_empty = enc.encode(["hello world", "", "world hello"])
+    >>> values.tolist(), offsets.tolist(), num_empty    # the empty document is kept: just eos
+    ([1, 2, 0, 0, 2, 1, 0], [0, 3, 4, 7], 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from impl.errors import TokenizerError
+
+__all__ = ["TokenizerInfo", "resolve_tokenizer", "Encoder"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenizerInfo:
+    """Identity of the tokenizer a store was built with.
+
+    ``sha256`` hashes the tokenizer's JSON serialisation (with truncation and
+    padding switched off, since the build never uses them), so two tokenizers
+    that encode identically from the same definition share it.
+    """
+
+    sha256: str
+    class_name: str
+    vocab_size: int
+    eos_id: int | None
+    bos_id: int | None
+    pad_id: int | None
+    eos_token: str | None
+    bos_token: str | None
+    pad_token: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _load_tokenizer(spec: Any) -> Any:
+    """Turn a path or object into a transformers fast tokenizer (never touches the network)."""
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        if not path.exists():
+            raise TokenizerError(
+                f"tokenizer path {str(path)!r} does not exist: pass a local directory loadable by "
+                "transformers.AutoTokenizer.from_pretrained, a tokenizer.json file, or a tokenizer object "
+                "(hub names are not fetched)"
+            )
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        try:
+            if path.is_dir():
+                return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            if path.name == "tokenizer.json" and (
+                (path.parent / "tokenizer_config.json").exists() or (path.parent / "special_tokens_map.json").exists()
+            ):
+                # The sibling configs carry eos/bos/pad, which tokenizer.json alone does not.
+                return AutoTokenizer.from_pretrained(str(path.parent), local_files_only=True)
+            return PreTrainedTokenizerFast(tokenizer_file=str(path))
+        except TokenizerError:
+            raise
+        except Exception as exc:
+            raise TokenizerError(
+                f"could not load a tokenizer from {str(path)!r} ({type(exc).__name__}: {exc}); pass a directory "
+                "saved with tokenizer.save_pretrained() or a tokenizer.json file"
+            ) from exc
+    try:
+        import tokenizers
+    except ImportError:  # pragma: no cover - tokenizers is a dependency
+        tokenizers = None
+    if tokenizers is not None and isinstance(spec, tokenizers.Tokenizer):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=spec)
+    return spec
+
+
+def resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
+    """Return the normalised tokenizer JSON (what workers rebuild from) and its identity."""
+    from tokenizers import Tokenizer
+
+    tok = _load_tokenizer(spec)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        raise TokenizerError(
+            f"{type(tok).__name__} is not a fast tokenizer (no backend_tokenizer): load it with "
+            "AutoTokenizer.from_pretrained(..., use_fast=True) or pass a tokenizer.json"
+        )
+    normal = Tokenizer.from_str(backend.to_str())
+    normal.no_truncation()
+    normal.no_padding()
+    tok_json = normal.to_str()
+    vocab = normal.get_vocab(with_added_tokens=True)
+    max_id = max(vocab.values()) if vocab else -1
+    try:
+        length = len(tok)
+    except TypeError:
+        length = 0
+    vocab_size = max(length, max_id + 1, normal.get_vocab_size(with_added_tokens=True))
+
+    def _special(name: str) -> tuple[int | None, str | None]:
+        token = getattr(tok, name, None)
+        tid = getattr(tok, name + "_id", None)
+        if isinstance(token, str) and tid is None:
+            tid = normal.token_to_id(token)
+        if tid is not None:
+            tid = int(tid)
+        return tid, (str(token) if token is not None else None)
+
+    eos_id, eos_token = _special("eos_token")
+    bos_id, bos_token = _special("bos_token")
+    pad_id, pad_token = _special("pad_token")
+    info = TokenizerInfo(
+        sha256=hashlib.sha256(tok_json.encode("utf-8")).hexdigest(),
+        class_name=type(tok).__name__,
+        vocab_size=int(vocab_size),
+        eos_id=eos_id,
+        bos_id=bos_id,
+        pad_id=pad_id,
+        eos_token=eos_token,
+        bos_token=bos_token,
+        pad_token=pad_token,
+    )
+    return tok_json, info
+
+
+class Encoder:
+    """Tokenizes ranges of documents into flat token values plus document offsets (bos/eos added here)."""
+
+    def __init__(self, tok_json: str, *, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tok_json)
+        self.tok.no_truncation()
+        self.tok.no_padding()
+        self.dtype = np.dtype(dtype)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.batch_size = batch_size
+        self._encode = getattr(self.tok, "encode_batch_fast", None) or self.tok.encode_batch
+
+    def encode(self, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+        """Return (values, int64 offsets of length n+1, number of documents with no text tokens)."""
+        n_pre = 0 if self.bos_id is None else 1
+        n_post = 0 if self.eos_id is None else 1
+        values_parts: list[np.ndarray] = []
+        length_parts: list[np.ndarray] = []
+        for b in range(0, len(texts), self.batch_size):
+            batch = texts[b : b + self.batch_size]
+            ids = [e.ids for e in self._encode(list(batch), add_special_tokens=False)]
+            lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            content = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
+            values_parts.append(content)
+            length_parts.append(lens)
+            if on_batch is not None:
+                on_batch(len(batch))
+        content = np.concatenate(values_parts) if values_parts else np.empty(0, self.dtype)
+        lens = np.concatenate(length_parts) if length_parts else np.empty(0, np.int64)
+        num_empty = int(np.count_nonzero(lens == 0))
+        out_lens = lens + (n_pre + n_post)
+        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(out_lens, out=offsets[1:])
+        if n_pre == 0 and n_post == 0:
+            return content, offsets, num_empty
+        values = np.empty(int(offsets[-1]), dtype=self.dtype)
+        if n_pre:
+            values[offsets[:-1]] = self.bos_id
+        if n_post:
+            values[offsets[1:] - 1] = self.eos_id
+        content_starts = np.zeros(len(lens), dtype=np.int64)
+        np.cumsum(lens[:-1], out=content_starts[1:])
+        dest = np.arange(len(content), dtype=np.int64) + np.repeat(offsets[:-1] + n_pre - content_starts, lens)
+        values[dest] = content
+        return values, offsets, num_empty

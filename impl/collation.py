@@ -99,8 +99,14 @@ def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cu, max_seqlen
 
 
-def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
     """Stack a list of samples (dicts of equally shaped tensors) into ``[B, ...]`` tensors, plus varlen fields.
+
+    An already batched dict (a Mapping, such as what
+    ``impl.dataset.PackedDataset.__getitems__`` returns: torch's DataLoader
+    hands it to ``collate_fn`` as is) passes through unchanged, with
+    ``cu_seqlens`` / ``max_seqlen`` computed from its ``position_ids`` if
+    either is missing.
 
     Every sample must have the same keys and each key the same shape (packed
     samples all have ``seq_len`` positions; a ``pad`` end-of-epoch slot is a
@@ -114,6 +120,12 @@ def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     Why strict: a field silently dropped or padded with the wrong value is data
     loss no later stage can see (COLL-10's reasoning).
     """
+    if isinstance(batch, Mapping):
+        if "position_ids" not in batch or ("cu_seqlens" in batch and "max_seqlen" in batch):
+            return batch if isinstance(batch, dict) else dict(batch)
+        out = {key: value for key, value in batch.items() if key not in ("cu_seqlens", "max_seqlen")}
+        out["cu_seqlens"], out["max_seqlen"] = cu_seqlens(torch.as_tensor(out["position_ids"]))
+        return out
     require(len(batch) > 0, ConfigError, "batch is empty; collate needs at least one sample")
     keys = list(batch[0])
     out: dict[str, Any] = {}

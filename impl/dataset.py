@@ -25,6 +25,12 @@ position is computed at access with ``impl.rng.FeistelPermutation`` on the
 few positions a sample needs (``impl.ordering.EpochOrder``), so no
 permutation array exists anywhere. Two epochs' plans stay in memory (LRU).
 
+Why ``__getitems__``: torch's DataLoader (>= 2.1) asks a dataset that has
+it for a whole batch of keys at once; ``PackedDataset`` answers with the
+collated batch computed by ``impl.packing.materialize_batch`` (a fixed number
+of numpy calls per batch instead of ~20 per sample), and
+``impl.collation.collate`` passes it through unchanged.
+
 Worked example::
 
     >>> ds = PackedDataset("/data/store", seq_len=2048, packing="concat", shuffle="global", seed=1)  # doctest: +SKIP
@@ -64,6 +70,7 @@ from impl.packing import (
     TokenSource,
     kept_lengths,
     materialize,
+    materialize_batch,
     num_samples as plan_num_samples,
     pack_plan,
 )
@@ -73,7 +80,7 @@ from reference.packing import MODES, STREAM_MODES, PackingConfig
 from reference.partition import PADDING
 from reference.resume import PipelineConfig, canonical_json, padding_sample, pipeline_fingerprint
 
-__all__ = ["PackedDataset", "SampleKey", "SHUFFLES", "PLAN_FORMAT", "PLAN_VERSION"]
+__all__ = ["PackedDataset", "SampleKey", "SHUFFLES", "PLAN_FORMAT", "PLAN_VERSION", "batch_cu_seqlens"]
 
 SHUFFLES = {"none": "sequential", "sequential": "sequential", "global": "global", "window": "window"}
 """``shuffle=`` names and the ``reference.ordering`` kind each selects (``buffer`` is refused)."""
@@ -471,3 +478,134 @@ class PackedDataset(Dataset):
     def __getitem__(self, key: int | SampleKey) -> dict[str, torch.Tensor]:
         epoch, index = self._resolve(key)
         return {name: torch.from_numpy(value) for name, value in self.sample(epoch, index).items()}
+
+    # ------------------------------------------------------------ batches
+
+    def _resolve_many(self, keys: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(epochs, indices)`` int64 of ``keys``, each checked as ``__getitem__`` checks it (same errors).
+
+        ``SampleKey``s of plain ints (what ``ElasticSampler`` yields) are
+        checked together: epochs >= 0, indices in ``[-1, num_samples(epoch))``;
+        any other key goes through ``_resolve``. On a bad key the keys are
+        resolved one by one, so the error is the one ``ds[key]`` raises for
+        the first bad key. None when a value does not fit int64 (the caller
+        then builds the rows one by one).
+        """
+        pairs = [k if type(k) is SampleKey and type(k[0]) is int and type(k[1]) is int else self._resolve(k)
+                 for k in keys]
+        try:
+            arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        except OverflowError:
+            for key in keys:
+                self._resolve(key)
+            return None
+        epochs, indices = arr[:, 0], arr[:, 1]
+        if len(arr) and not self._keys_in_range(epochs, indices):
+            for key in keys:
+                self._resolve(key)
+            raise AssertionError(f"keys {keys!r} failed the batch check but none fails alone")  # pragma: no cover
+        return epochs, indices
+
+    def _keys_in_range(self, epochs: np.ndarray, indices: np.ndarray) -> bool:
+        if int(epochs.min()) < 0 or int(indices.min()) < PADDING:
+            return False
+        real = indices != PADDING
+        if not real.any():
+            return True
+        if self._fixed_samples is not None:
+            return int(indices.max()) < self._fixed_samples
+        for epoch in np.unique(epochs[real]).tolist():
+            if int(indices[real & (epochs == epoch)].max()) >= self.num_samples(epoch):
+                return False
+        return True
+
+    def _rows(self, epochs: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
+        """The batch of resolved keys, numpy, in ``__getitems__``'s layout (one ``materialize_batch`` per epoch)."""
+        p = self.config.packing
+        real = indices != PADDING
+        groups = np.unique(epochs[real]).tolist()
+        if len(groups) <= 1:
+            if groups:
+                epoch = groups[0]
+                out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch))
+            else:   # only padding keys: no plan needed
+                out = _padding_batch(len(indices), p)
+        else:
+            out = _padding_batch(len(indices), p)
+            for epoch in groups:
+                rows = np.flatnonzero(real & (epochs == epoch))
+                part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch))
+                for name in FIELDS:
+                    out[name][rows] = part[name]
+        out["epoch"] = np.array(epochs, dtype=np.int64)
+        out["sample_index"] = np.array(indices, dtype=np.int64)
+        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+        return out
+
+    def samples(self, epoch: int, indices: Any) -> dict[str, Any]:
+        """Samples ``indices`` of epoch ``epoch`` (``-1``: padding) as numpy, stacked: ``__getitems__``'s numpy form.
+
+        ``indices`` is a sequence or array of ints; each is checked as
+        ``sample(epoch, index)`` checks it (a negative index other than -1
+        is an error, as for a ``SampleKey``).
+        """
+        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        values = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        return self._batch([SampleKey(int(epoch), i) for i in values])
+
+    def _batch(self, keys: Any) -> dict[str, Any]:
+        resolved = self._resolve_many(keys)
+        if resolved is None:   # a key beyond int64: stack the rows one by one
+            rows = [self.sample(*self._resolve(k)) for k in keys]
+            out = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
+            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+            return out
+        return self._rows(*resolved)
+
+    def __getitems__(self, keys: list[Any]) -> dict[str, Any]:
+        """A whole batch at once: what ``impl.collation.collate`` makes of ``[ds[k] for k in keys]``, computed batched.
+
+        torch's DataLoader (>= 2.1) calls ``dataset.__getitems__(batch_of_keys)``
+        when it exists and hands the result to ``collate_fn``; ``collate``
+        passes this dict through. Keys as ``__getitem__`` takes them
+        (``SampleKey``, ``(epoch, index)`` or a plain int of the current
+        epoch; epochs may mix, ``index == -1`` is padding). Returns
+        ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,
+        ``token_offsets`` (int64 ``[B, seq_len]``), ``epoch``,
+        ``sample_index`` (int64 ``[B]``), ``cu_seqlens`` (int32, over the
+        flattened batch: ``impl.collation.cu_seqlens``) and ``max_seqlen``
+        (int). Tensors wrap the numpy results (``torch.from_numpy``, no copy).
+
+        Why: one ``impl.packing.materialize_batch`` per epoch in the batch
+        costs a fixed number of numpy calls, where ``B`` calls of
+        ``__getitem__`` plus ``collate`` pay ~20 numpy calls per sample.
+
+        Note: the result is a batch, not a list of samples; a ``collate_fn``
+        other than ``impl.collation.collate`` must accept it (or set
+        ``__getitems__ = None`` on a subclass to get per-sample lists).
+        """
+        return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                for name, value in self._batch(keys).items()}
+
+
+def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:
+    """``rows`` padding samples (``reference.resume.padding_sample``), int64 ``[rows, seq_len]``."""
+    pad = padding_sample(p)
+    return {name: np.tile(np.asarray(getattr(pad, name), dtype=np.int64), (rows, 1)) for name in FIELDS}
+
+
+def batch_cu_seqlens(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """``impl.collation.cu_seqlens`` in numpy: int32 segment starts over the flattened ``[B, L]`` batch, plus the end.
+
+    >>> batch_cu_seqlens(np.array([[0, 1, 2, 0], [5, 6, 0, 1]]))
+    (array([0, 3, 4, 6, 8], dtype=int32), 3)
+    """
+    rows, length = position_ids.shape
+    starts = position_ids == 0
+    if length:
+        starts[:, 0] = True
+    idx = np.flatnonzero(starts)
+    cu = np.empty(len(idx) + 1, dtype=np.int32)
+    cu[:-1] = idx
+    cu[-1] = rows * length
+    return cu, (int(np.diff(cu).max()) if len(cu) > 1 else 0)

@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from impl.collation import collate
 from impl.errors import ConfigError, StateError, require
@@ -187,6 +187,24 @@ class ElasticLoader:
                 f"epoch={self._epoch}, consumed={self._consumed})")
 
 
+class _PerSample(Dataset):
+    """The dataset without its batched ``__getitems__``: a custom ``collate_fn`` gets a list of samples.
+
+    torch's fetcher calls ``dataset.__getitems__`` whenever it exists and hands
+    its result to ``collate_fn``; ``impl.collation.collate`` accepts the
+    batched dict, but a user's own collate function expects per-sample dicts.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.dataset[key]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
 def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, world_size: int | None = None,
                      replication: int = 1, end: str = "drop_last", num_workers: int = 0, pin_memory: bool = False,
                      prefetch_factor: int | None = None, persistent_workers: bool = False,
@@ -212,7 +230,8 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
             "pass num_workers >= 1 or leave them at None/False")
     sampler = ElasticSampler(dataset, batch_size=batch_size, rank=rank, world_size=world_size,
                              replication=replication, end=end)
-    dataloader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_fn,
+    fetched = dataset if collate_fn is collate else _PerSample(dataset)
+    dataloader = DataLoader(fetched, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_fn,
                             pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                             persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
                             **dataloader_kwargs)

@@ -30,6 +30,17 @@ starts with an inserted BOS (a continuation chunk under
 ``bos_on_continuation``), which offsets carry labels (``trained_offsets``,
 PACK-4/7/9/12/13), where BOS/EOS are added (PACK-1).
 
+Batches: ``materialize_batch(plan, indices, ...)`` returns ``[B, L]`` arrays
+equal to stacking ``materialize`` of each index (``-1``: the padding
+sample) in a number of numpy calls that does not grow with ``B``:
+``PackPlan.batch_pieces`` finds every row's pieces with one
+``searchsorted`` (stream plans) or one gather of ``sample_ptr`` (bin
+plans), and ``fill_batch`` lays all pieces end to end on one flat grid, with
+one token gather per file touched (``TokenSource.take_runs``) and every
+per-piece event (BOS/EOS, continuation BOS, untrained runs) written at
+piece-level positions. This is the throughput path (``PackedDataset.
+__getitems__``); the per-sample functions stay as the readable statement.
+
 Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 
     >>> from reference.packing import PackingConfig
@@ -63,7 +74,9 @@ __all__ = [
     "kept_lengths",
     "chunk_arrays",
     "materialize",
+    "materialize_batch",
     "fill_pieces",
+    "fill_batch",
     "greedy_bins",
     "first_fit_bins",
     "best_fit_bins",
@@ -123,6 +136,28 @@ def chunk_arrays(prepared: np.ndarray, config: PackingConfig) -> tuple[np.ndarra
         start = np.zeros(len(doc), dtype=_I64)
         stop = np.minimum(md, L)
     return doc, start.astype(_I64, copy=False), stop.astype(_I64, copy=False)
+
+
+def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    """``[0, v0, v0 + v1, ...]``: length ``len(values) + 1``, int64."""
+    out = np.zeros(len(values) + 1, dtype=_I64)
+    np.cumsum(values, out=out[1:])
+    return out
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` in three numpy calls (lengths >= 0).
+
+    >>> _ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
+    [5, 6, 9, 10, 11]
+    """
+    lengths = np.asarray(lengths, dtype=_I64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    out = np.arange(total, dtype=_I64)
+    if total:
+        out += np.repeat(np.asarray(starts, dtype=_I64) - (ends - lengths), lengths)
+    return out
 
 
 def _continuation_bos(start: np.ndarray, config: PackingConfig) -> np.ndarray:
@@ -280,6 +315,50 @@ class PackPlan:
                 np.asarray(self.arrays["piece_start"][a:b], dtype=_I64),
                 np.asarray(self.arrays["piece_stop"][a:b], dtype=_I64))
 
+    def batch_pieces(self, indices: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The pieces of samples ``indices`` (``-1``: padding, no pieces) as ``(counts, positions, starts, stops)``.
+
+        ``counts[r]`` pieces belong to row ``r``; the other three arrays hold
+        every row's pieces back to back, each row's as ``pieces(indices[r])``
+        returns them. A fixed number of numpy calls whatever the batch size:
+        stream plans do one ``searchsorted`` on all the rows' first and last
+        positions, bin plans one gather of ``sample_ptr``.
+
+        >>> plan = pack_plan([3, 6, 1], PackingConfig(seq_len=4))
+        >>> [a.tolist() for a in plan.batch_pieces([1, -1, 0])]
+        [[1, 0, 2], [1, 0, 1], [1, 0, 0], [5, 3, 1]]
+        """
+        idx = np.asarray(indices, dtype=_I64).reshape(-1)
+        n = len(idx)
+        bad = (idx < -1) | (idx >= self.num_samples)
+        if bad.any():
+            i = int(idx[int(np.argmax(bad))])
+            raise ConfigError(f"sample index {i} outside the plan's {self.num_samples} samples (-1 is the padding sample)")
+        real = idx >= 0
+        if not real.any():
+            empty = np.zeros(0, dtype=_I64)
+            return np.zeros(n, dtype=_I64), empty, empty.copy(), empty.copy()
+        if self.mode in STREAM_MODES:
+            cum, kept = self.arrays["cum"], self.arrays["kept"]
+            lo = idx * self._hop
+            k = np.searchsorted(cum, np.concatenate((lo, lo + (self.seq_len - 1))), side="right") - 1
+            k0 = k[:n]
+            counts = np.where(real, k[n:] - k0 + 1, 0)
+            kk = _ranges(k0, counts)
+            begin = np.asarray(cum[kk], dtype=_I64)
+            span = np.asarray(cum[kk + 1], dtype=_I64) - begin
+            first = np.repeat(lo, counts) - begin                   # the row's first position, document-relative
+            return (counts, np.asarray(kept[kk], dtype=_I64), np.maximum(first, 0),
+                    np.minimum(span, first + self.seq_len))
+        ptr = self.arrays["sample_ptr"]
+        safe = np.where(real, idx, 0)
+        bounds = np.asarray(ptr[np.concatenate((safe, safe + 1))], dtype=_I64)
+        counts = np.where(real, bounds[n:] - bounds[:n], 0)
+        pi = _ranges(bounds[:n], counts)
+        return (counts, np.asarray(self.arrays["piece_pos"][pi], dtype=_I64),
+                np.asarray(self.arrays["piece_start"][pi], dtype=_I64),
+                np.asarray(self.arrays["piece_stop"][pi], dtype=_I64))
+
     def to_reference(self) -> list[tuple[Piece, ...]]:
         """The plan in ``reference.packing.pack_plan``'s form (for tests; O(samples) Python objects)."""
         out = []
@@ -425,6 +504,57 @@ class TokenSource:
                 out[sel] = self._parts[f][idx[sel] - starts[f]]
         return out
 
+    @property
+    def num_parts(self) -> int:
+        return len(self._parts)
+
+    def part_of(self, indices: np.ndarray) -> np.ndarray:
+        """The part holding each global token index (indices clipped into ``[0, total)`` first), int64."""
+        idx = np.minimum(np.maximum(np.asarray(indices, dtype=_I64), 0), max(int(self._part_starts[-1]) - 1, 0))
+        return np.searchsorted(self._part_starts, idx, side="right") - 1
+
+    def part_bounds(self, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, last)`` global token index of each part in ``parts``."""
+        q = np.asarray(parts, dtype=_I64)
+        return self._part_starts[q], self._part_starts[q + 1] - 1
+
+    def take_runs(self, indices: np.ndarray, run_starts: np.ndarray, run_lengths: np.ndarray,
+                  run_parts: np.ndarray) -> np.ndarray:
+        """Tokens at part-local ``indices``, cut into runs each inside one part: one fancy index per part touched.
+
+        Run ``r`` is ``indices[run_starts[r] : run_starts[r] + run_lengths[r]]``,
+        indices into part ``run_parts[r]`` (``part_bounds`` gives where parts
+        begin); the runs cover ``indices``. Returns the parts' dtype (callers
+        cast once, into their own output). Why: ``take`` finds the part of
+        every index with a ``searchsorted`` and one mask per part, while here
+        the runs (a batch's pieces) are reordered by part with a stable
+        argsort over runs, each part's indices gathered as one slice, and the
+        result put back with one scatter: a fixed number of passes over the
+        indices however many parts are touched, none when all runs share a part.
+
+        >>> src = TokenSource([np.array([5, 6, 7]), np.array([8, 9])], np.array([0, 2, 3, 5]))
+        >>> src.take_runs(np.array([0, 1, 0, 1]), np.array([0, 2]), np.array([2, 2]), np.array([1, 0])).tolist()
+        [8, 9, 5, 6]
+        """
+        idx = np.asarray(indices, dtype=_I64)
+        parts = np.asarray(run_parts, dtype=_I64)
+        if not idx.size or not self._parts:
+            return np.zeros(idx.shape, dtype=_I64)
+        if len(self._parts) == 1 or not (parts != parts[0]).any():
+            return self._parts[int(parts[0])][idx]
+        order = np.argsort(parts, kind="stable")
+        lengths = np.asarray(run_lengths, dtype=_I64)[order]
+        perm = _ranges(np.asarray(run_starts, dtype=_I64)[order], lengths)
+        grouped = idx[perm]
+        bounds = _exclusive_cumsum(lengths)[np.searchsorted(parts[order], np.arange(len(self._parts) + 1), side="left")]
+        gathered = np.empty(len(grouped), dtype=np.result_type(*self._parts))
+        for q in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+            lo, hi = int(bounds[q]), int(bounds[q + 1])
+            gathered[lo:hi] = self._parts[q][grouped[lo:hi]]
+        out = np.empty(idx.shape, dtype=gathered.dtype)
+        out[perm] = gathered
+        return out
+
 
 # ------------------------------------------------------------------ the fill
 
@@ -530,3 +660,207 @@ def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSour
     else:
         docs = np.asarray(doc_ids)[pos]
     return fill_pieces(docs, start, stop, config, source)
+
+
+# ------------------------------------------------------------------ the batched fill
+
+
+BATCH_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
+
+
+def _rows_block(rows: int, config: PackingConfig, *, padded: bool) -> dict[str, np.ndarray]:
+    """``[rows, seq_len]`` int64 arrays for ``BATCH_FIELDS``, views of one block (filled as padding if ``padded``).
+
+    Why one block: one allocation instead of five (fewer page faults for
+    fresh memory, which dominate when every batch is new memory).
+    """
+    block = np.empty((len(BATCH_FIELDS), rows, config.seq_len), dtype=_I64)
+    if padded:
+        for field, value in zip(block, (config.pad_id, IGNORE, 0, NO_DOC, NO_OFFSET)):
+            field.fill(value)
+    return dict(zip(BATCH_FIELDS, block))
+
+
+_ARANGE = np.arange(0, dtype=_I64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n)`` as a read-only view of a cached, growing array (saves a pass and an allocation per batch)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        grown = np.arange(max(n, 2 * len(_ARANGE)), dtype=_I64)
+        grown.setflags(write=False)
+        _ARANGE = grown
+    return _ARANGE[:n]
+
+
+def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, config: PackingConfig,
+               source: TokenSource) -> dict[str, np.ndarray]:
+    """Rows of samples from their pieces: ``fill_pieces`` of each row, stacked, with no Python work per row or piece.
+
+    Row ``r`` holds the next ``counts[r]`` pieces of ``(doc_ids, starts,
+    stops)`` (``PackPlan.batch_pieces``'s layout; a row with no piece is the
+    padding sample). Returns int64 ``[rows, seq_len]`` arrays ``input_ids``,
+    ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``, equal to
+    stacking ``fill_pieces`` of each row (without ``document_starts``).
+
+    How: every piece's positions are laid end to end on one flat grid of
+    ``T`` tokens (``seg``: exclusive cumsum of the widths); per-token values
+    are a per-piece constant repeated over the piece (``np.repeat``) plus
+    the position in it; the token ids and each piece's label after its stop
+    come from one gather per part touched (``TokenSource.take_runs``);
+    everything that happens at most once per piece (BOS/EOS at a
+    document's edge, an inserted continuation BOS, the untrained head and
+    tail runs of a piece) is written at piece-level positions. Full rows
+    (concat, chunk) are computed in place in the output; shorter rows are
+    scattered into padding rows.
+
+    >>> src = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    >>> cfg = PackingConfig(seq_len=4, mode="greedy")
+    >>> rows = fill_batch(np.array([2, 0]), np.array([0, 1]), np.array([2, 0]), np.array([3, 2]), cfg, src)
+    >>> rows["input_ids"].tolist(), rows["labels"].tolist()
+    ([[3, 4, 5, 0], [0, 0, 0, 0]], [[-100, 5, -100, -100], [-100, -100, -100, -100]])
+    """
+    L = config.seq_len
+    counts = np.asarray(counts, dtype=_I64).reshape(-1)
+    docs = np.asarray(doc_ids, dtype=_I64).reshape(-1)
+    a = np.asarray(starts, dtype=_I64).reshape(-1)
+    b = np.asarray(stops, dtype=_I64).reshape(-1)
+    B, P = len(counts), len(docs)
+    require(int(counts.sum()) == P == len(a) == len(b), ConfigError,
+            f"counts sum to {int(counts.sum())} pieces but doc_ids/starts/stops hold {P}/{len(a)}/{len(b)}; "
+            "pass PackPlan.batch_pieces's arrays")
+    if P == 0:
+        return _rows_block(B, config, padded=True)
+    ab, ae = int(config.add_bos), int(config.add_eos)
+    doc_start = source.doc_offsets[docs]
+    length = source.lengths[docs]
+    m = length + (ab + ae)                                      # prepared lengths
+    inserts = config.splits and config.bos_on_continuation      # continuation BOS possible at all?
+    bos = (a > 0).astype(_I64) if inserts else np.zeros(P, dtype=_I64)
+    widths = b - a + bos
+    require(bool((widths >= 1).all()), ConfigError, "a plan piece holds no position; the plan is not for this config")
+    seg = _exclusive_cumsum(widths)                             # piece p: flat positions seg[p] .. seg[p + 1] - 1
+    heads = seg[:-1]
+    row_ptr = _exclusive_cumsum(counts)
+    totals = seg[row_ptr[1:]] - seg[row_ptr[:-1]]
+    require(int(totals.max()) <= L, ConfigError,
+            f"a plan sample holds {int(totals.max())} positions but seq_len={L}; the plan is not for this config")
+    T = int(seg[-1])
+    full = T == B * L                                           # every row full (concat, chunk): compute in place
+    out = _rows_block(B, config, padded=not full)
+    if full:
+        tokens, labels, rel, out_docs, offset = (out[name].reshape(-1) for name in BATCH_FIELDS)
+    else:
+        tokens, labels, rel, out_docs, offset = (np.empty(T, dtype=_I64) for _ in BATCH_FIELDS)
+    first_offset = a - bos                                      # prepared offset at a piece's first position
+
+    np.subtract(_arange(T), np.repeat(heads, widths), out=rel)  # position in its piece = position_ids
+    np.add(rel, np.repeat(first_offset, widths), out=offset)    # prepared offset (a - 1 at an inserted BOS)
+    # Token indices: every position's raw token, then each piece's token after its stop (its last label),
+    # local to the part (file) holding the piece's document.
+    part, part_lo, part_hi, local = _piece_parts(source, doc_start, length)
+    raw_base = doc_start - ab - part_lo                         # part-local index of prepared offset 0
+    idx = np.empty(T + P, dtype=_I64)
+    np.add(offset, np.repeat(raw_base, widths), out=idx[:T])
+    idx[T:] = raw_base + b
+    # Offsets 0 (add_bos) and m - 1 (add_eos), at most one position per piece each, point outside the document:
+    # any valid index will do, the value is replaced. A stop index past the document is never trained: clamp it.
+    edges = []
+    for on, at_offset, ident in ((ab, np.zeros(P, dtype=_I64), config.bos_id), (ae, m - 1, config.eos_id)):
+        if on:
+            r = at_offset - first_offset
+            hit = np.flatnonzero((r >= 0) & (r < widths))
+            at = heads[hit] + r[hit]
+            idx[at] = 0
+            edges.append((at, ident))
+    np.minimum(np.maximum(idx[T:], 0, out=idx[T:]), part_hi - part_lo, out=idx[T:])
+    if not local:   # a document spans parts (hand-built sources only): global indices
+        values = source.take(idx)
+    elif source.num_parts > 1 and (part != part[0]).any():
+        values = source.take_runs(idx, np.concatenate((heads, T + _arange(P))),
+                                  np.concatenate((widths, np.ones(P, dtype=_I64))), np.concatenate((part, part)))
+    else:           # one part (file) holds the whole batch: one fancy index
+        values = source.take_runs(idx, heads[:1], np.array([T + P]), part[:1])
+    tokens[:] = values[:T]
+    after = values[T:].astype(_I64)
+    if ab:
+        tokens[edges[0][0]] = config.bos_id
+        after[b == 0] = config.bos_id
+    if ae:
+        tokens[edges[-1][0]] = config.eos_id
+        after[b == m - 1] = config.eos_id
+
+    labels[:-1] = tokens[1:]                                    # the label of position j: the token at offset + 1
+    labels[seg[1:] - 1] = after
+    if config.mode in STREAM_MODES:
+        first, last = a, np.minimum(b, m - 1)
+    else:
+        first, last = np.where(a > 0, a + max(0, config.stride - 1), 0), b - 1
+    # Trained: first <= offset < last, i.e. lead <= rel < tail; the rest of a piece is a head and a tail run.
+    lead = np.minimum(np.maximum(first - first_offset, 0), widths)
+    tail = np.maximum(np.minimum(last - first_offset, widths), lead)
+    labels[_ranges(np.concatenate((heads, heads + tail)), np.concatenate((lead, widths - tail)))] = IGNORE
+    if inserts:
+        at = heads[bos > 0]
+        tokens[at] = config.bos_id
+        offset[at] = NO_OFFSET
+    out_docs[:] = np.repeat(docs, widths)
+    if not full:
+        dest = np.flatnonzero(_arange(L) < totals[:, None])
+        for name, values in zip(BATCH_FIELDS, (tokens, labels, rel, out_docs, offset)):
+            out[name].reshape(-1)[dest] = values
+    return out
+
+
+def _piece_parts(source: TokenSource, doc_start: np.ndarray,
+                 length: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """``(part, first index, last index, local)`` per piece: the part (file) of its document, as global token indices.
+
+    ``local`` is False when some document spans parts (possible only for a
+    hand-built ``TokenSource``; a store's documents never span files): then
+    the part is 0 and the bounds are the whole source's, so indices stay global.
+    """
+    P = len(doc_start)
+    total = int(source.doc_offsets[-1])
+    zeros = np.zeros(P, dtype=_I64)
+    if source.num_parts > 1:
+        q = source.part_of(np.concatenate((doc_start, doc_start + np.maximum(length, 1) - 1)))
+        if not (q[:P] != q[P:]).any():
+            lo, hi = source.part_bounds(q[:P])
+            return q[:P], lo, hi, True
+    return zeros, zeros, np.full(P, max(total - 1, 0), dtype=_I64), source.num_parts <= 1
+
+
+def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], config: PackingConfig, source: TokenSource,
+                      doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Samples ``indices`` of ``plan`` (``-1``: the padding sample) as int64 ``[len(indices), seq_len]`` arrays.
+
+    Equal, field for field, to stacking ``materialize(plan, i, config,
+    source, doc_ids)`` for each ``i`` (the padding sample for ``-1``,
+    ``reference.resume.padding_sample``), in a number of numpy calls that
+    does not grow with the batch: one ``PackPlan.batch_pieces``, one
+    ``doc_ids`` lookup of every piece's position, one ``fill_batch``.
+    Keys: ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,
+    ``token_offsets``.
+
+    Clauses: PACK-3, PACK-4, PACK-5, PACK-20 (and the plan's clauses through ``plan``).
+
+    >>> from reference.packing import PackingConfig
+    >>> docs = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]])
+    >>> rows = materialize_batch(pack_plan([3, 6, 1], PackingConfig(seq_len=4)), [1, 0, -1], PackingConfig(seq_len=4), docs)
+    >>> rows["input_ids"].tolist(), rows["labels"][1].tolist()
+    ([[5, 6, 7, 8], [1, 2, 3, 4], [0, 0, 0, 0]], [2, 3, -100, 5])
+    """
+    require(plan.mode == config.mode and plan.seq_len == config.seq_len, ConfigError,
+            f"plan is for mode={plan.mode!r}, seq_len={plan.seq_len} but config has mode={config.mode!r}, "
+            f"seq_len={config.seq_len}; compute the plan with this config")
+    counts, pos, start, stop = plan.batch_pieces(indices)
+    if not len(pos) or doc_ids is None:
+        docs = pos
+    elif callable(doc_ids):     # each distinct position once: neighbouring samples share their boundary documents
+        unique, inverse = np.unique(pos, return_inverse=True)
+        docs = np.asarray(doc_ids(unique), dtype=_I64)[inverse]
+    else:
+        docs = np.asarray(doc_ids)[pos]
+    return fill_batch(counts, docs, start, stop, config, source)

@@ -354,3 +354,23 @@ def test_collate_refuses_samples_of_different_shapes_or_fields():
     assert_raises_typed(ConfigError, collate, [a, {"input_ids": torch.tensor([1, 2])}], clause="COLL-10",
                         what="different fields", mentions=["fields"])
     assert_raises_typed(ConfigError, collate, [], clause="COLL-10", what="an empty batch", mentions=["empty"])
+
+
+@pytest.mark.clause("COLL-9")
+def test_a_custom_collate_fn_receives_the_list_of_per_sample_dicts(tmp_path):
+    from impl.dataset import PackedDataset
+    from impl.loader import build_dataloader
+    from impl.store import TokenStore
+
+    store = TokenStore.from_token_files([[list(range(1, 40)), list(range(50, 90))]], tmp_path / "store", vocab_size=100)
+    dataset = PackedDataset(store, seq_len=8, cache_dir=False)
+    received = []
+
+    def collate_fn(items):
+        received.append(items)
+        return [int(item["sample_index"]) for item in items]
+
+    batches = list(build_dataloader(dataset, batch_size=3, collate_fn=collate_fn))
+    check(all(isinstance(items, list) and all(isinstance(i, dict) for i in items) for items in received),
+          clause="COLL-9", what=f"collate_fn received {type(received[0]).__name__}, not a list of sample dicts")
+    assert_equal(batches[:2], [[0, 1, 2], [3, 4, 5]], clause="COLL-9", what="batches from the custom collate_fn")

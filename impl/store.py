@@ -332,6 +332,30 @@ def _validate_meta(root: Path, meta: Any) -> None:
 # --------------------------------------------------------------------------- the store
 
 
+
+class _Parts:
+    """A store's per-file token values (``which=0``) or offsets (``which=1``), each mapped on first use.
+
+    Why lazy: opening a store should cost metadata and a few bytes per file, not
+    an Arrow footer parse per file; a file is mapped and its layout validated
+    the first time any of its tokens or offsets is needed.
+    """
+
+    __slots__ = ("store", "which")
+
+    def __init__(self, store: TokenStore, which: int) -> None:
+        self.store = store
+        self.which = which
+
+    def __getitem__(self, f: int) -> np.ndarray:
+        return self.store._part(f)[self.which]
+
+    def __len__(self) -> int:
+        return len(self.store._mapped)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[f] for f in range(len(self)))
+
 class TokenStore:
     """Documents tokenized once, stored as memory-mapped Arrow files, read as numpy views.
 
@@ -372,12 +396,11 @@ class TokenStore:
             self._records = [FileRecord.from_json(r) for r in meta["files"]]
         except (KeyError, TypeError) as exc:
             raise StoreCorruptError(f"{path / META_FILE}: malformed file record ({exc}); {REBUILD_HINT}") from exc
-        self._values: list[np.ndarray] = []
-        self._offsets: list[np.ndarray] = []
         for rec in self._records:
-            values, offsets = self._map_file(rec)
-            self._values.append(values)
-            self._offsets.append(offsets)
+            self._check_file(rec)
+        self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
+        self._values = _Parts(self, 0)
+        self._offsets = _Parts(self, 1)
         counts = [r.num_documents for r in self._records]
         tokens = [r.num_tokens for r in self._records]
         self._file_doc_starts = [0, *itertools.accumulate(counts)]
@@ -392,7 +415,15 @@ class TokenStore:
         self._doc_offsets: np.ndarray | None = None
         self._lengths: np.ndarray | None = None
 
-    def _map_file(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
+    def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
+        """File ``f``'s (values, offsets), mapped and its Arrow layout validated on first use."""
+        mapped = self._mapped[f]
+        if mapped is None:
+            mapped = self._mapped[f] = self._map_file(self._records[f])
+        return mapped
+
+    def _check_file(self, rec: FileRecord) -> os.stat_result:
+        """The checks ``open`` makes of every file: present, recorded size, recorded quick signature."""
         fp = self._path / rec.name
         where = f"token store {self._path}: file {rec.name}"
         if os.path.basename(rec.name) != rec.name or not rec.name:
@@ -414,6 +445,12 @@ class TokenStore:
                 f"{where} changed since it was built (its first/last {QUICK_SIGNATURE_BYTES // 1024} KiB differ "
                 f"from the recorded signature); {REBUILD_HINT}"
             )
+        return st
+
+    def _map_file(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
+        fp = self._path / rec.name
+        where = f"token store {self._path}: file {rec.name}"
+        self._check_file(rec)
         try:
             with pa.memory_map(str(fp), "r") as mm:
                 reader = pa.ipc.open_file(mm)
@@ -451,12 +488,13 @@ class TokenStore:
     def open(cls, path: str | os.PathLike, *, verify: bool = False) -> TokenStore:
         """Open a built store, checking it cheaply; ``verify=True`` also re-hashes every file.
 
-        Checks (all independent of the number of tokens): ``meta.json`` exists
-        and parses; format name and version are known (StoreVersionError for a
-        newer/unknown version); every token file exists, has the recorded size
-        and the recorded quick signature (StoreCorruptError naming the file
-        otherwise); each file's Arrow footer, schema, document count and last
-        offset match the record. Token bytes are mapped, not read.
+        Checks at open (none reads tokens): ``meta.json`` exists and parses;
+        format name and version are known (StoreVersionError for a newer or
+        unknown version); every token file exists, has the recorded size and
+        the recorded quick signature (StoreCorruptError naming the file
+        otherwise). A file is memory-mapped on first use, when its Arrow
+        footer, schema, document count and last offset are checked against the
+        record before any of its tokens is returned.
         """
         root = Path(path)
         if not root.exists():

@@ -27,6 +27,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loader conformance.adapters.reference:adapter
+	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable
 
 test-thorough:
 	$(MAKE) test PROFILE=thorough
@@ -40,8 +41,8 @@ BENCH_VENV := .venv-bench
 BENCH_BIN := $(BENCH_VENV)/bin
 BENCH_STAMP := $(BENCH_VENV)/.loadspec-bench-installed
 BENCH_PIP := $(BENCH_BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS)
-BENCH_SIZE ?= M
-BENCH_JSON := benchmarks/results/latest.json
+BENCH_SIZE ?= $(or $(LOADSPEC_BENCH_SIZE),M)
+BENCH_JSON = benchmarks/results/bench-$(BENCH_SIZE).json
 
 $(BENCH_STAMP): pyproject.toml benchmarks/requirements-bench.txt
 	@test -x $(BENCH_BIN)/python || $(PYTHON) -m venv $(BENCH_VENV)
@@ -58,7 +59,7 @@ bench-compare: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m benchmarks.compare $(BENCH_JSON)
 
 bench-report: $(BENCH_STAMP)
-	$(BENCH_BIN)/python -m benchmarks.report $(BENCH_JSON) --skipped benchmarks/results/skipped.txt
+	$(BENCH_BIN)/python -m benchmarks.report $(BENCH_JSON)
 
 test-bench-smoke: $(STAMP)
 	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable

@@ -53,7 +53,7 @@ def compare(current: dict[str, tuple[float, str]], base: dict[str, dict]) -> tup
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", nargs="?", default="benchmarks/results/latest.json")
+    ap.add_argument("results", nargs="?", default="benchmarks/results/bench-M.json")
     ap.add_argument("--baseline", default=None, help="baseline file (default: baselines/<machine>.json)")
     ap.add_argument("--update", action="store_true", help="write this run's ratios as the baseline for its size")
     args = ap.parse_args(argv)

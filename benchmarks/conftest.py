@@ -21,8 +21,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "bench_group(name): the figure family a benchmark belongs to")
 
 
+_RESIDENT: dict[str, float | None] = {}
+
+
+def pytest_sessionstart(session) -> None:
+    """Page-cache residency of this size's token store before anything runs (None: not generated yet)."""
+    store = Corpus(size_from_env()).root / "store" / "store"
+    files = sorted(store.glob("tokens-*.arrow")) if store.exists() else []
+    _RESIDENT["store_at_start"] = machine.resident_fraction(files) if files else None
+
+
 def pytest_benchmark_update_machine_info(config, machine_info):  # pytest-benchmark hook
     machine_info["loadspec"] = {
+        "page_cache_resident": dict(_RESIDENT),
         "size": size_from_env(),
         "corpus": describe(),
         "machine": machine.facts(),
@@ -66,10 +77,11 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """Next to ``--benchmark-json``: ``skipped.txt`` (what was skipped and why) for the report."""
+    """Next to ``--benchmark-json X.json``: ``X.skipped.txt`` (what was skipped and why) for the report."""
     target = session.config.getoption("benchmark_json", default=None)
     if target is None:
         return
-    path = Path(getattr(target, "name", str(target))).parent / "skipped.txt"
+    target = target if isinstance(target, (str, Path)) else getattr(target, "name", str(target))  # file or path
+    path = Path(target).with_suffix(".skipped.txt")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(_SKIPPED) + ("\n" if _SKIPPED else ""))

@@ -211,13 +211,15 @@ def mosaic_cleanup() -> None:
     _MOSAIC_LIVE.clear()
 
 
-def mosaic_dataset(corpus: Corpus, batch_size: int):
+def mosaic_dataset(corpus: Corpus, batch_size: int, cleanup: bool = True):
+    """A MosaicML StreamingDataset over the MDS copy; ``cleanup=False`` inside timers (gc is slow)."""
     import weakref
 
     from benchmarks.peers import import_streaming
 
     streaming = import_streaming()
-    mosaic_cleanup()
+    if cleanup:
+        mosaic_cleanup()
     ds = streaming.StreamingDataset(local=str(corpus.mds()), batch_size=batch_size, shuffle=False)
     _MOSAIC_LIVE.append((weakref.ref(ds), int(getattr(ds, "_shm_prefix_int", -1))))
     return ds

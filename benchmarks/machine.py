@@ -50,3 +50,24 @@ def name() -> str:
     words = [w for w in re.split(r"[^a-z0-9]+", cpu) if w][:2] or ["cpu"]
     ram = round(float(f["ram_gib"]))
     return f"{'-'.join(words)}-{f['nproc']}c-{ram}g"
+
+
+def resident_fraction(paths) -> float | None:
+    """Fraction of the files' bytes in the page cache (util-linux ``fincore``), or None without it."""
+    import shutil
+    import subprocess
+
+    files = [str(p) for p in paths]
+    if not files or shutil.which("fincore") is None:
+        return None
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE", *files],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    res = size = 0
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            res, size = res + int(parts[0]), size + int(parts[1])
+    return res / size if size else None

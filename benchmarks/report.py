@@ -54,10 +54,15 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
               f"run {data.get('datetime', '?')}.", ""]
     versions = info.get("versions") or {}
     lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".", ""]
+    resident = (info.get("page_cache_resident") or {}).get("store_at_start")
+    lines += [f"Page cache: {resident:.0%} of the {size} token store was resident when the run started (fincore); "
+              "every timed benchmark but the cold build runs after a warmup round, so its figures are page-cache "
+              "warm." if resident is not None else "Page cache: store residency unknown (fincore missing or the "
+              "corpus was generated during the run); timed benchmarks run after a warmup round (warm).", ""]
     c = info.get("corpus") or {}
     lines += [f"Corpus: log-normal document lengths (median {c.get('median_tokens')} tokens, sigma {c.get('sigma')}, "
               f"clipped to {c.get('clip')}), KJV token ids, EOS-terminated; seed {c.get('seed')}. Times are medians "
-              "of the rounds; page cache warm unless a row says otherwise (L exceeds the ~0.5 GB page cache).", ""]
+              "of the rounds.", ""]
 
     lines += ["## Targets", ""]
     lines += _table(["target", "measured", "note", "met"],
@@ -186,7 +191,7 @@ def plot(data: dict, out: Path) -> list[str]:
         ax.set_xlabel("M tokens/s (log)")
         ax.set_title("Iteration throughput vs the raw mmap gather (gray: limit, blue: impl, orange: peers)")
         ax.invert_yaxis()
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
         fig.tight_layout()
         fig.savefig(out / "throughput.png", dpi=110)
         plt.close(fig)
@@ -196,9 +201,9 @@ def plot(data: dict, out: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", nargs="?", default="benchmarks/results/latest.json")
+    ap.add_argument("results", nargs="?", default="benchmarks/results/bench-M.json")
     ap.add_argument("--rss", default=None, help="JSON from `python -m benchmarks.rss --all --out ...`")
-    ap.add_argument("--skipped", default=None, help="file listing skipped benchmarks and reasons")
+    ap.add_argument("--skipped", default=None, help="skipped benchmarks and reasons (default: RESULTS.skipped.txt)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     if not Path(args.results).exists():
@@ -216,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     if rss_path and rss_path.exists():
         rss = json.loads(rss_path.read_text())
     skipped = []
-    if args.skipped and Path(args.skipped).exists():
-        skipped = [ln.strip() for ln in Path(args.skipped).read_text().splitlines() if ln.strip()]
+    skipped_path = Path(args.skipped) if args.skipped else Path(args.results).with_suffix(".skipped.txt")
+    if skipped_path.exists():
+        skipped = [ln.strip() for ln in skipped_path.read_text().splitlines() if ln.strip()]
     plots = plot(data, out)
     (out / "REPORT.md").write_text(markdown(data, rss, plots, skipped))
     print(f"wrote {out / 'REPORT.md'}" + (f" and {', '.join(plots)}" if plots else ""))

@@ -1,11 +1,12 @@
 """(6) Peak RSS across one epoch, in a fresh process: ``python -m benchmarks.rss --loader impl --size M``.
 
-Prints one JSON object: ``peak_rss_mb`` (``ru_maxrss`` of this process: anonymous
-plus file-backed pages it touched, so memory-mapped token pages count),
+Prints one JSON object: ``peak_rss_mb`` (``VmHWM`` of this process: anonymous
+plus file-backed pages it touched, so memory-mapped token pages count; not
+``ru_maxrss``, which Linux carries over from the parent across exec),
 ``peak_anon_mb`` (the largest ``RssAnon`` sampled every 32 batches: memory
-the loader itself allocated), ``children_peak_rss_mb`` (largest worker, for
-``--workers 2``), ``baseline_rss_mb`` (after imports, before opening the
-corpus), the epoch's wall time, items and tokens. ``--all`` runs every loader
+the loader itself allocated), ``children_peak_rss_mb`` (largest worker's
+``VmHWM``, sampled, for ``--workers 2``), ``baseline_rss_mb`` (after imports,
+before opening the corpus), the epoch's wall time, items and tokens. ``--all`` runs every loader
 (each in its own subprocess) and writes ``--out``.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -22,14 +22,32 @@ import time
 LOADERS = ("impl", "hf-iterable", "mosaicml", "litdata")
 
 
-def _status() -> dict[str, int]:
+def _status(pid: str = "self") -> dict[str, int]:
     out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-                out[key] = int(rest.split()[0]) // 1024
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                    out[key] = int(rest.split()[0]) // 1024
+    except OSError:
+        pass
     return out
+
+
+def _children() -> list[str]:
+    pids = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            pass
+    return pids
+
+
+def _children_hwm() -> int:
+    return max([_status(pid).get("VmHWM", 0) for pid in _children()] or [0])
 
 
 def run_one(loader: str, size: str, workers: int) -> dict:
@@ -51,6 +69,7 @@ def run_one(loader: str, size: str, workers: int) -> dict:
     {"impl": corpus.store, "hf-iterable": corpus.hf_disk, "mosaicml": corpus.mds, "litdata": corpus.litdata}[loader]()
     base = _status()
     peak_anon = base.get("RssAnon", 0)
+    child_peak = 0
     t0 = time.perf_counter()
     items = tokens = 0
     if loader == "impl":
@@ -78,6 +97,7 @@ def run_one(loader: str, size: str, workers: int) -> dict:
         tokens += t
         if k % 32 == 0:
             peak_anon = max(peak_anon, _status().get("RssAnon", 0))
+            child_peak = max(child_peak, _children_hwm())
     seconds = time.perf_counter() - t0
     del it
     peak_anon = max(peak_anon, _status().get("RssAnon", 0))
@@ -85,10 +105,10 @@ def run_one(loader: str, size: str, workers: int) -> dict:
         "loader": loader, "size": size, "workers": workers, "items": items, "tokens": tokens,
         "epoch_seconds": round(seconds, 3),
         "baseline_rss_mb": base.get("VmRSS"),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+        "peak_rss_mb": _status().get("VmHWM"),
         "peak_anon_mb": peak_anon,
         "peak_anon_over_baseline_mb": peak_anon - base.get("RssAnon", 0),
-        "children_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
+        "children_peak_rss_mb": child_peak,
     }
 
 

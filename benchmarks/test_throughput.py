@@ -11,9 +11,9 @@ is map-style ``ds[i]`` with numpy format, ``hf-arrow`` batched Arrow slices of
 their datasets through a DataLoader / StreamingDataLoader.
 
 Each round iterates a fixed token budget (``TPUT_TOKENS``) from the epoch
-start, after an untimed first batch (workers started, plan loaded); so the
-page cache is warm for S and M (L does not fit the ~0.5 GB page cache kept
-on the reference machine: its figures are partly cold).
+start, after an untimed first batch (workers started, plan loaded) and an
+untimed warmup round over the same bytes, so the figures are page-cache warm
+(the report prints how much of the store was resident before the run).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def test_throughput(benchmark, w: Throughput, corpus: Corpus, size: str, smoke: 
 
     benchmark.extra_info.update(kind="throughput", loader=w.loader, workers=w.workers, shuffle=w.shuffle,
                                 size=corpus.size, unit=unit, seq_len=SEQ_LEN,
-                                cache="warm" if size != "L" else "partly cold (L exceeds the page cache)")
+                                cache="warm (a warmup round reads the same bytes first)")
     try:
         benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=warmup)
     finally:

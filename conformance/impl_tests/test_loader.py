@@ -374,3 +374,26 @@ def test_a_custom_collate_fn_receives_the_list_of_per_sample_dicts(tmp_path):
     check(all(isinstance(items, list) and all(isinstance(i, dict) for i in items) for items in received),
           clause="COLL-9", what=f"collate_fn received {type(received[0]).__name__}, not a list of sample dicts")
     assert_equal(batches[:2], [[0, 1, 2], [3, 4, 5]], clause="COLL-9", what="batches from the custom collate_fn")
+
+
+@pytest.mark.clause("RES-5", "COLL-9")
+def test_batches_from_workers_have_the_same_keys_types_dtypes_and_values_as_from_the_main_process(tmp_path):
+    from impl.dataset import PackedDataset
+    from impl.loader import build_dataloader
+    from impl.store import TokenStore
+
+    store = TokenStore.from_token_files([[list(range(1, 60)), list(range(60, 75))], [list(range(80, 130))]],
+                                        tmp_path / "store", vocab_size=200)
+    dataset = PackedDataset(store, seq_len=8, shuffle="global", cache_dir=False)
+    plain = list(build_dataloader(dataset, batch_size=3))
+    with_workers = list(build_dataloader(dataset, batch_size=3, num_workers=2))
+    assert_equal(len(with_workers), len(plain), clause="RES-5", what="batches with 2 workers")
+    for a, b in zip(with_workers, plain):
+        assert_equal(sorted(a), sorted(b), clause="COLL-9", what="batch keys")
+        for key in b:
+            if isinstance(b[key], torch.Tensor):
+                check(isinstance(a[key], torch.Tensor) and a[key].dtype == b[key].dtype, clause="COLL-9",
+                      what=f"{key}: {type(a[key]).__name__} {getattr(a[key], 'dtype', '')} vs {b[key].dtype}")
+                assert_equal(a[key].tolist(), b[key].tolist(), clause="RES-5", what=key)
+            else:
+                assert_equal(a[key], b[key], clause="RES-5", what=key)

@@ -34,14 +34,10 @@ from typing import Any
 
 import torch
 
-from impl.errors import ConfigError, require
+from impl.errors import ConfigError, is_int, require
 from reference.collation import SIDES
 
 __all__ = ["collate", "cu_seqlens", "pad_stack_1d"]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: int | float, *, side: str = "right",
@@ -58,7 +54,7 @@ def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: int |
     """
     require(len(items) > 0, ConfigError, "items is empty; pad_stack_1d needs at least one row to know the batch shape")
     require(side in SIDES, ConfigError, f"side={side!r} is not a padding side; choose one of {SIDES}")
-    require(pad_to_multiple_of is None or (_is_int(pad_to_multiple_of) and pad_to_multiple_of >= 1), ConfigError,
+    require(pad_to_multiple_of is None or (is_int(pad_to_multiple_of) and pad_to_multiple_of >= 1), ConfigError,
             f"pad_to_multiple_of={pad_to_multiple_of!r} must be an integer >= 1, or None for no rounding")
     rows = [t if isinstance(t, torch.Tensor) else torch.as_tensor(list(t), dtype=torch.int64) for t in items]
     for i, row in enumerate(rows):

@@ -62,7 +62,7 @@ import torch
 from torch.utils.data import Dataset
 
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
-from impl.errors import ConfigError, EmptyDataError, require
+from impl.errors import ConfigError, EmptyDataError, is_integer, require
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import (
     BIN_FIELDS,
@@ -101,10 +101,6 @@ class SampleKey(NamedTuple):
 
     epoch: int
     index: int
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _open_store(store: TokenStore | str | os.PathLike) -> TokenStore:
@@ -163,7 +159,7 @@ class PackedDataset(Dataset):
                  add_eos: bool = False, min_len: int = 0, pad_id: int | None = None,
                  cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last") -> None:
         store = _open_store(store)
-        require(_is_int(seq_len) and seq_len >= 1, ConfigError,
+        require(is_integer(seq_len) and seq_len >= 1, ConfigError,
                 f"seq_len={seq_len!r} must be an integer >= 1 (input positions per sample), e.g. seq_len=2048")
         require(packing in MODES, ConfigError,
                 f"packing={packing!r} is not a packing mode; choose one of {', '.join(MODES)}")
@@ -171,7 +167,7 @@ class PackedDataset(Dataset):
             raise NotImplementedError(f"shuffle='buffer': {BUFFER_MESSAGE}")
         require(shuffle in SHUFFLES, ConfigError,
                 f"shuffle={shuffle!r} is not a shuffle; choose one of none, global, window")
-        require(_is_int(pack_window) and pack_window >= 1, ConfigError,
+        require(is_integer(pack_window) and pack_window >= 1, ConfigError,
                 f"pack_window={pack_window!r} must be an integer >= 1 (documents per bin-packing window)")
         for name, wanted, ident, token in (("add_bos", add_bos, store.bos_id, "BOS"),
                                            ("bos_on_continuation", bos_on_continuation, store.bos_id, "BOS"),
@@ -207,7 +203,7 @@ class PackedDataset(Dataset):
         return self
 
     def _setup(self, store: TokenStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
-        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         self.store = store
         self.config = config
         self.epoch = int(epoch)
@@ -279,12 +275,12 @@ class PackedDataset(Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch a plain int index refers to (keys carry their own)."""
-        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         self.epoch = int(epoch)
 
     def num_samples(self, epoch: int) -> int:
         """Samples of epoch ``epoch`` (closed form for concat/chunk/none: the same every epoch; bin modes: the plan's)."""
-        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         if self._fixed_samples is not None:
             return self._fixed_samples
         epoch = int(epoch)
@@ -444,8 +440,8 @@ class PackedDataset(Dataset):
         if isinstance(key, tuple):
             require(len(key) == 2, ConfigError, f"key={key!r} must be SampleKey(epoch, index) or an int index")
             epoch, index = key
-            require(_is_int(epoch) and epoch >= 0, ConfigError, f"key epoch={epoch!r} must be an integer >= 0")
-            require(_is_int(index), ConfigError, f"key index={index!r} must be an integer (-1 for padding)")
+            require(is_integer(epoch) and epoch >= 0, ConfigError, f"key epoch={epoch!r} must be an integer >= 0")
+            require(is_integer(index), ConfigError, f"key index={index!r} must be an integer (-1 for padding)")
             epoch, index = int(epoch), int(index)
             if index != PADDING:
                 total = self.num_samples(epoch)
@@ -558,7 +554,7 @@ class PackedDataset(Dataset):
         ``sample(epoch, index)`` checks it (a negative index other than -1
         is an error, as for a ``SampleKey``).
         """
-        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         values = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         return self._batch([SampleKey(int(epoch), i) for i in values])
 

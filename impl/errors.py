@@ -16,6 +16,8 @@ Everything here derives from :class:`reference.errors.LoadspecError`, so
 
 from __future__ import annotations
 
+import numpy as np
+
 from reference.errors import (
     ConfigError,
     EmptyDataError,
@@ -23,6 +25,7 @@ from reference.errors import (
     SplitError,
     StateError,
     TopologyError,
+    is_int,
     require,
 )
 
@@ -34,6 +37,8 @@ __all__ = [
     "StateError",
     "EmptyDataError",
     "require",
+    "is_int",
+    "is_integer",
     "StoreError",
     "StoreNotFoundError",
     "StoreCorruptError",
@@ -42,6 +47,11 @@ __all__ = [
     "SourceError",
     "REBUILD_HINT",
 ]
+
+def is_integer(value: object) -> bool:
+    """``is_int`` that also accepts numpy integer scalars (values read from arrays), never booleans."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
 
 #: The fix every store error points to; kept in one place so messages agree.
 REBUILD_HINT = (

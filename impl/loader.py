@@ -59,16 +59,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from impl.collation import collate
-from impl.errors import ConfigError, StateError, require
+from impl.errors import ConfigError, StateError, is_int, require
 from impl.partition import ElasticSampler
 from reference.partition import advance, steps_in_epoch
 from reference.resume import make_state, validate_state
 
 __all__ = ["ElasticLoader", "build_dataloader"]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class ElasticLoader:
@@ -124,7 +120,7 @@ class ElasticLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning unless the state already sits inside it (RES-7)."""
-        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         if epoch != self._epoch:
             self._epoch, self._consumed = epoch, 0
             self._generation += 1
@@ -244,7 +240,7 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     >>> batch = next(iter(loader)); batch["input_ids"].shape              # doctest: +SKIP
     torch.Size([8, 2048])
     """
-    require(_is_int(num_workers) and num_workers >= 0, ConfigError,
+    require(is_int(num_workers) and num_workers >= 0, ConfigError,
             f"num_workers={num_workers!r} must be an integer >= 0 (0: load in the training process)")
     require(num_workers > 0 or (prefetch_factor is None and not persistent_workers), ConfigError,
             f"prefetch_factor={prefetch_factor!r} and persistent_workers={persistent_workers!r} need worker processes; "

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from impl.errors import ConfigError, require
+from impl.errors import ConfigError, is_integer, require
 from impl.rng import GOLDEN_GAMMA, MASK64, FeistelPermutation, Stream, derive_key, feistel, mix64, subkey
 from reference.ordering import OrderingConfig
 from reference.rng import FeistelPermutation as ScalarFeistel
@@ -65,21 +65,17 @@ costs ~100 us per cycle-walking pass whatever its size, a scalar one ~10-30 us p
 faster up to ~24-32 positions)."""
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def _checked_sizes(file_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
     """The file sizes as int64, each a non-negative integer (ORD-1, ORD-13)."""
     sizes = list(file_sizes.tolist() if isinstance(file_sizes, np.ndarray) else file_sizes)
     for i, size in enumerate(sizes):
-        require(_is_int(size) and size >= 0, ConfigError,
+        require(is_integer(size) and size >= 0, ConfigError,
                 f"file_sizes[{i}]={size!r} must be a non-negative integer (the number of documents in file {i})")
     return np.asarray(sizes, dtype=np.int64).reshape(-1)
 
 
 def _check_epoch(epoch: int) -> int:
-    require(_is_int(epoch) and 0 <= epoch <= MASK64, ConfigError,
+    require(is_integer(epoch) and 0 <= epoch <= MASK64, ConfigError,
             f"epoch={epoch!r} must be an integer in [0, 2**64); epochs count from 0")
     return int(epoch)
 

@@ -38,14 +38,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from impl.dataset import SampleKey  # the key type PackedDataset.__getitem__ accepts
-from impl.errors import ConfigError, StateError, TopologyError, require
+from impl.errors import ConfigError, StateError, TopologyError, is_int, require
 from reference.partition import PADDING, PartitionConfig, advance, steps_in_epoch
 
 __all__ = ["ElasticSampler", "SampleKey", "group_batch", "distributed_topology"]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def distributed_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -84,7 +80,7 @@ def group_batch(consumed: int, num_samples: int, config: PartitionConfig, group:
 
     Clauses: PART-2, PART-4, PART-5, PART-6, PART-7.
     """
-    require(_is_int(consumed) and 0 <= consumed <= num_samples, StateError,
+    require(is_int(consumed) and 0 <= consumed <= num_samples, StateError,
             f"consumed={consumed!r} must be an integer in [0, num_samples={num_samples}]; "
             "the position belongs to another epoch or other data: restart the epoch at consumed=0")
     groups, size = config.data_parallel_size, config.batch_size
@@ -134,7 +130,7 @@ class ElasticSampler:
                  replication: int = 1, end: str = "drop_last") -> None:
         rank, world_size = distributed_topology(rank, world_size)
         self.config = PartitionConfig(world_size=world_size, batch_size=batch_size, replication=replication, end=end)
-        require(_is_int(rank) and 0 <= rank < world_size, TopologyError,
+        require(is_int(rank) and 0 <= rank < world_size, TopologyError,
                 f"rank={rank!r} must be an integer in [0, world_size={world_size}); pass one of 0..{world_size - 1}")
         require(callable(getattr(dataset, "num_samples", None)), ConfigError,
                 f"{type(dataset).__name__} has no num_samples(epoch); pass an impl.dataset.PackedDataset")
@@ -142,7 +138,7 @@ class ElasticSampler:
         self.rank = rank
         self.group = rank // replication
         epoch = getattr(dataset, "epoch", 0)
-        self._epoch = epoch if _is_int(epoch) and epoch >= 0 else 0
+        self._epoch = epoch if is_int(epoch) and epoch >= 0 else 0
         self._consumed = 0
 
     # ------------------------------------------------------------ position
@@ -166,15 +162,15 @@ class ElasticSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning unless the position already sits inside it (RES-7)."""
-        require(_is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         if epoch != self._epoch:
             self._epoch, self._consumed = epoch, 0
 
     def set_position(self, epoch: int, consumed: int) -> None:
         """Iterate from sample ``consumed`` of epoch ``epoch`` (a position reached on any topology, PART-3)."""
-        require(_is_int(epoch) and epoch >= 0, StateError, f"epoch={epoch!r} must be an integer >= 0")
+        require(is_int(epoch) and epoch >= 0, StateError, f"epoch={epoch!r} must be an integer >= 0")
         total = self.num_samples(epoch)
-        require(_is_int(consumed) and 0 <= consumed <= total, StateError,
+        require(is_int(consumed) and 0 <= consumed <= total, StateError,
                 f"consumed={consumed!r} must be an integer in [0, {total}] (the samples of epoch {epoch}); "
                 "the position belongs to other data or another config: restart the epoch at consumed=0")
         self._epoch, self._consumed = epoch, consumed

@@ -35,12 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reference.errors import ConfigError, require
+from reference.errors import ConfigError, is_int, require
 from reference.rng import MASK64, FeistelPermutation, Stream, derive_key, draw, subkey
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,12 +58,12 @@ class BucketConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require(_is_int(self.buffer_size) and self.buffer_size >= 1, ConfigError,
+        require(is_int(self.buffer_size) and self.buffer_size >= 1, ConfigError,
                 f"buffer_size={self.buffer_size!r} must be an integer >= 1; use buffer_size=1 for no bucketing")
-        require(_is_int(self.pack_size) and 1 <= self.pack_size <= self.buffer_size, ConfigError,
+        require(is_int(self.pack_size) and 1 <= self.pack_size <= self.buffer_size, ConfigError,
                 f"pack_size={self.pack_size!r} must be an integer in [1, buffer_size={self.buffer_size}]; "
                 "a pack is cut from one buffer, so use pack_size <= buffer_size")
-        require(_is_int(self.seed) and 0 <= self.seed <= MASK64, ConfigError,
+        require(is_int(self.seed) and 0 <= self.seed <= MASK64, ConfigError,
                 f"seed={self.seed!r} must be an integer in [0, 2**64); pass a non-negative seed")
 
 
@@ -79,7 +75,7 @@ def num_buffers(n: int, config: BucketConfig) -> int:
 
     Clauses: BUCK-1.
     """
-    require(_is_int(n) and n >= 0, ConfigError, f"n={n!r} must be an integer >= 0")
+    require(is_int(n) and n >= 0, ConfigError, f"n={n!r} must be an integer >= 0")
     return -(-n // config.buffer_size)
 
 
@@ -92,7 +88,7 @@ def buffer_range(n: int, config: BucketConfig, buffer_index: int) -> range:
     Clauses: BUCK-1, BUCK-8.
     """
     count = num_buffers(n, config)
-    require(_is_int(buffer_index) and 0 <= buffer_index < count, ConfigError,
+    require(is_int(buffer_index) and 0 <= buffer_index < count, ConfigError,
             f"buffer_index={buffer_index!r} must be an integer in [0, num_buffers={count}) for n={n} items")
     start = buffer_index * config.buffer_size
     return range(start, min(n, start + config.buffer_size))
@@ -128,7 +124,7 @@ def bucket_packs(lengths: Sequence[int], config: BucketConfig, epoch: int, buffe
     """
     positions = buffer_range(len(lengths), config, buffer_index)
     for i in positions:
-        require(_is_int(lengths[i]) and lengths[i] >= 0, ConfigError,
+        require(is_int(lengths[i]) and lengths[i] >= 0, ConfigError,
                 f"lengths[{i}]={lengths[i]!r} must be an integer >= 0 (a token count)")
     kb = buffer_key(config, epoch, buffer_index)
     start, size = positions.start, config.pack_size
@@ -177,7 +173,7 @@ def bucket_at(lengths: Sequence[int], config: BucketConfig, epoch: int, position
     Clauses: BUCK-7, BUCK-8.
     """
     n = len(lengths)
-    require(_is_int(position) and 0 <= position < n, ConfigError,
+    require(is_int(position) and 0 <= position < n, ConfigError,
             f"position={position!r} must be an integer in [0, n={n})")
     b = position // config.buffer_size
     return bucket_buffer(lengths, config, epoch, b)[position - b * config.buffer_size]

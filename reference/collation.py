@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from reference.errors import ConfigError, require
+from reference.errors import ConfigError, is_int, require
 
 Side = Literal["right", "left"]
 Pooling = Literal["first", "last", "all"]
@@ -35,16 +35,12 @@ FIELD_PADDING: Mapping[str, int | None] = {"input_ids": None, "labels": IGNORE_I
 """The fields ``collate_samples`` stacks and the value each is padded with (``None``: the caller's ``pad_id``)."""
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_side(side: str) -> None:
     require(side in SIDES, ConfigError, f"side={side!r} is not a padding side; choose one of {SIDES}")
 
 
 def _target_length(longest: int, pad_to_multiple_of: int | None) -> int:
-    require(pad_to_multiple_of is None or (_is_int(pad_to_multiple_of) and pad_to_multiple_of >= 1), ConfigError,
+    require(pad_to_multiple_of is None or (is_int(pad_to_multiple_of) and pad_to_multiple_of >= 1), ConfigError,
             f"pad_to_multiple_of={pad_to_multiple_of!r} must be an integer >= 1, or None for no rounding")
     multiple = pad_to_multiple_of or 1
     return -(-longest // multiple) * multiple
@@ -94,10 +90,10 @@ def attention_mask(lengths: Sequence[int], *, side: Side = "right", total: int |
     """
     _check_side(side)
     for i, length in enumerate(lengths):
-        require(_is_int(length) and length >= 0, ConfigError, f"lengths[{i}]={length!r} must be a non-negative integer")
+        require(is_int(length) and length >= 0, ConfigError, f"lengths[{i}]={length!r} must be a non-negative integer")
     longest = max(lengths, default=0)
     width = longest if total is None else total
-    require(_is_int(width) and width >= longest, ConfigError,
+    require(is_int(width) and width >= longest, ConfigError,
             f"total={total!r} must be an integer >= the longest length {longest}; omit it to use the longest length")
     return [_pad_row([1] * length, width, 0, side) for length in lengths]
 
@@ -154,7 +150,7 @@ def cu_seqlens(position_ids: Sequence[int]) -> list[int]:
     Clauses: COLL-8.
     """
     for i, position in enumerate(position_ids):
-        require(_is_int(position) and position >= 0, ConfigError,
+        require(is_int(position) and position >= 0, ConfigError,
                 f"position_ids[{i}]={position!r} must be a non-negative integer")
     starts = [i for i, position in enumerate(position_ids) if i == 0 or position == 0]
     return starts + [len(position_ids)] if position_ids else [0]
@@ -182,7 +178,7 @@ def collate_samples(samples: Sequence[Mapping[str, Sequence[int]]], *, pad_id: i
     Clauses: COLL-9, COLL-10.
     """
     require(len(samples) > 0, ConfigError, "samples is empty; collate_samples needs at least one sample")
-    require(_is_int(pad_id), ConfigError, f"pad_id={pad_id!r} must be an integer token id")
+    require(is_int(pad_id), ConfigError, f"pad_id={pad_id!r} must be an integer token id")
     fields = [name for name in FIELD_PADDING if name in samples[0]]
     require("input_ids" in fields, ConfigError,
             f"samples[0] has no 'input_ids' (fields {sorted(samples[0])}); every sample needs input_ids")

@@ -33,6 +33,11 @@ class EmptyDataError(ConfigError):
     """The data holds nothing a loader could yield (for example an empty store)."""
 
 
+def is_int(value: object) -> bool:
+    """A true integer: ``bool`` is an ``int`` subclass, and ``True`` as a size or index is always a mistake."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def require(condition: bool, error: type[LoadspecError], message: str) -> None:
     """Raise ``error(message)`` unless ``condition``; keeps validation one line per rule."""
     if not condition:

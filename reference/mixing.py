@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from reference.errors import ConfigError, StateError, require
+from reference.errors import ConfigError, StateError, is_int, require
 from reference.rng import MASK64, Stream, derive_key, unit
 
 Stopping = Literal["first_exhausted", "all_exhausted", "all_exhausted_oversample"]
@@ -50,10 +50,6 @@ WeightFn = Callable[[int, Sequence[int], Sequence[int], Sequence[bool]], Sequenc
 """``(step, source_sizes, taken, exhausted) -> weights``: Forgather's dynamic-probability signature."""
 
 Item = tuple[int, int]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_weight(value: object) -> bool:
@@ -92,7 +88,7 @@ class MixConfig:
             object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
         require(self.stopping in STOPPING_STRATEGIES, ConfigError,
                 f"stopping={self.stopping!r} is not a stopping strategy; choose one of {STOPPING_STRATEGIES}")
-        require(_is_int(self.seed) and 0 <= self.seed <= MASK64, ConfigError,
+        require(is_int(self.seed) and 0 <= self.seed <= MASK64, ConfigError,
                 f"seed={self.seed!r} must be an integer in [0, 2**64); pass a non-negative seed")
 
 
@@ -135,12 +131,12 @@ class MixState:
         for name in ("cursor", "exhausted", "exhausted_once"):
             require(len(getattr(self, name)) == k, StateError,
                     f"{name} has {len(getattr(self, name))} entries but taken has {k}; the state is corrupt")
-        require(_is_int(self.step) and self.step >= 0, StateError, f"step={self.step!r} must be an integer >= 0")
-        require(all(_is_int(v) and v >= 0 for v in self.taken + self.cursor), StateError,
+        require(is_int(self.step) and self.step >= 0, StateError, f"step={self.step!r} must be an integer >= 0")
+        require(all(is_int(v) and v >= 0 for v in self.taken + self.cursor), StateError,
                 f"taken={self.taken!r} and cursor={self.cursor!r} must hold integers >= 0")
         require(all(isinstance(v, bool) for v in self.exhausted + self.exhausted_once) and isinstance(self.done, bool),
                 StateError, "exhausted, exhausted_once and done must be booleans")
-        require(_is_int(self.next_source) and 0 <= self.next_source < max(k, 1), StateError,
+        require(is_int(self.next_source) and 0 <= self.next_source < max(k, 1), StateError,
                 f"next_source={self.next_source!r} must be a source index in [0, {k})")
 
 
@@ -152,7 +148,7 @@ def initial_state(num_sources: int) -> MixState:
 
     Clauses: MIX-10.
     """
-    require(_is_int(num_sources) and num_sources >= 0, ConfigError,
+    require(is_int(num_sources) and num_sources >= 0, ConfigError,
             f"num_sources={num_sources!r} must be an integer >= 0")
     zeros, falses = (0,) * num_sources, (False,) * num_sources
     return MixState(step=0, taken=zeros, cursor=zeros, exhausted=falses, exhausted_once=falses, next_source=0, done=False)
@@ -184,7 +180,7 @@ def balance_remaining(step: int, source_sizes: Sequence[int], taken: Sequence[in
 def _check_sizes(source_sizes: Sequence[int]) -> tuple[int, ...]:
     sizes = tuple(source_sizes)
     for i, n in enumerate(sizes):
-        require(_is_int(n) and n >= 0, ConfigError,
+        require(is_int(n) and n >= 0, ConfigError,
                 f"source_sizes[{i}]={n!r} must be an integer >= 0 (the number of items in source {i})")
     return sizes
 
@@ -322,7 +318,7 @@ def next_item(state: MixState, source_sizes: Sequence[int], config: MixConfig, e
     """
     sizes = _check_sizes(source_sizes)
     require(isinstance(config, MixConfig), ConfigError, f"config={config!r} must be a MixConfig")
-    require(_is_int(epoch) and 0 <= epoch <= MASK64, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+    require(is_int(epoch) and 0 <= epoch <= MASK64, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
     _check_state(state, sizes)
     if state.done:
         return None, state

@@ -36,17 +36,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from reference.errors import ConfigError, StateError, require
+from reference.errors import ConfigError, StateError, is_int, require
 from reference.rng import MASK64, FeistelPermutation, Stream, below, derive_key, permutation, subkey
 
 Kind = Literal["sequential", "global", "window", "buffer"]
 
 KINDS = ("sequential", "global", "window", "buffer")
 RANDOM_ACCESS_KINDS = ("sequential", "global", "window")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,11 +71,11 @@ class OrderingConfig:
     def __post_init__(self) -> None:
         require(self.kind in KINDS, ConfigError,
                 f"kind={self.kind!r} is not an ordering; choose one of {', '.join(KINDS)}")
-        require(_is_int(self.seed) and 0 <= self.seed <= MASK64, ConfigError,
+        require(is_int(self.seed) and 0 <= self.seed <= MASK64, ConfigError,
                 f"seed={self.seed!r} must be an integer in [0, 2**64); pass a non-negative integer seed")
-        require(_is_int(self.window) and self.window >= 1, ConfigError,
+        require(is_int(self.window) and self.window >= 1, ConfigError,
                 f"window={self.window!r} must be an integer >= 1 (positions per shuffle window); use 1 for no in-window shuffle")
-        require(_is_int(self.buffer_size) and self.buffer_size >= 0, ConfigError,
+        require(is_int(self.buffer_size) and self.buffer_size >= 0, ConfigError,
                 f"buffer_size={self.buffer_size!r} must be an integer >= 0; use 0 or 1 for no buffered shuffle")
 
 
@@ -87,13 +83,13 @@ def _checked_sizes(file_sizes: Sequence[int]) -> list[int]:
     """The file sizes as a list, each a non-negative int (ORD-1, ORD-13)."""
     sizes = list(file_sizes)
     for i, size in enumerate(sizes):
-        require(_is_int(size) and size >= 0, ConfigError,
+        require(is_int(size) and size >= 0, ConfigError,
                 f"file_sizes[{i}]={size!r} must be a non-negative integer (the number of documents in file {i})")
     return sizes
 
 
 def _check_epoch(epoch: int) -> None:
-    require(_is_int(epoch) and 0 <= epoch <= MASK64, ConfigError,
+    require(is_int(epoch) and 0 <= epoch <= MASK64, ConfigError,
             f"epoch={epoch!r} must be an integer in [0, 2**64); epochs count from 0")
 
 
@@ -179,7 +175,7 @@ def window_shuffle(stream: Sequence[int], window: int, key: int) -> list[int]:
         >>> [sorted(out[i:i + 3]) for i in range(0, 7, 3)]
         [['a', 'b', 'c'], ['d', 'e', 'f'], ['g']]
     """
-    require(_is_int(window) and window >= 1, ConfigError, f"window={window!r} must be an integer >= 1")
+    require(is_int(window) and window >= 1, ConfigError, f"window={window!r} must be an integer >= 1")
     n = len(stream)
     return [stream[_window_source(n, window, key, p)] for p in range(n)]
 
@@ -209,7 +205,7 @@ def buffer_shuffle(stream: Sequence[int], buffer_size: int, key: int) -> list[in
         >>> buffer_shuffle(list("abc"), 1, key)
         ['a', 'b', 'c']
     """
-    require(_is_int(buffer_size) and buffer_size >= 0, ConfigError, f"buffer_size={buffer_size!r} must be an integer >= 0")
+    require(is_int(buffer_size) and buffer_size >= 0, ConfigError, f"buffer_size={buffer_size!r} must be an integer >= 0")
     if buffer_size <= 1:
         return list(stream)
     buffer = list(stream[:buffer_size])
@@ -277,7 +273,7 @@ def order_at(file_sizes: Sequence[int], config: OrderingConfig, epoch: int, posi
     sizes = _checked_sizes(file_sizes)
     _check_epoch(epoch)
     n = sum(sizes)
-    require(_is_int(position) and 0 <= position < n, ConfigError,
+    require(is_int(position) and 0 <= position < n, ConfigError,
             f"position={position!r} must be an integer in [0, N={n}) (the epoch has {n} documents)")
     if config.kind == "sequential":
         return position
@@ -308,7 +304,7 @@ def remaining_order(file_sizes: Sequence[int], config: OrderingConfig, epoch: in
     sizes = _checked_sizes(file_sizes)
     _check_epoch(epoch)
     n = sum(sizes)
-    require(_is_int(consumed) and 0 <= consumed <= n, StateError,
+    require(is_int(consumed) and 0 <= consumed <= n, StateError,
             f"consumed={consumed!r} must be an integer in [0, N={n}]: a position inside epoch {epoch}; "
             "the state belongs to other data or another epoch")
     if config.kind == "buffer":

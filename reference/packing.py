@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
-from reference.errors import ConfigError, require
+from reference.errors import ConfigError, is_int, require
 
 IGNORE = -100
 NO_DOC = -1
@@ -67,13 +67,9 @@ Document = tuple[int, Sequence[int]]
 """A document as packing receives it: (global document id, token ids)."""
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _require_int(name: str, value: object, minimum: int | None, fix: str) -> None:
     bound = "" if minimum is None else f" >= {minimum}"
-    require(_is_int(value) and (minimum is None or value >= minimum), ConfigError,
+    require(is_int(value) and (minimum is None or value >= minimum), ConfigError,
             f"{name}={value!r} must be an integer{bound}; {fix}")
 
 
@@ -123,7 +119,7 @@ class PackingConfig:
             _require_bool(name, getattr(self, name))
         for name in ("bos_id", "eos_id"):
             value = getattr(self, name)
-            require(value is None or _is_int(value), ConfigError, f"{name}={value!r} must be a token id (an integer) or None")
+            require(value is None or is_int(value), ConfigError, f"{name}={value!r} must be a token id (an integer) or None")
         _require_int("pad_id", self.pad_id, None, "pass the token id that fills padding positions")
         _require_int("min_len", self.min_len, 0, "pass 0 to keep every non-empty document")
         require(not self.add_bos or self.bos_id is not None, ConfigError,

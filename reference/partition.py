@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from reference.errors import ConfigError, StateError, TopologyError, require
+from reference.errors import ConfigError, StateError, TopologyError, is_int, require
 
 End = Literal["drop_last", "pad", "even"]
 END_POLICIES = ("drop_last", "pad", "even")
@@ -41,10 +41,6 @@ PADDING = -1
 """The sample index of a padding slot (PART-5): the collator masks such a sample entirely."""
 
 T = TypeVar("T")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,11 +66,11 @@ class PartitionConfig:
     end: End = "drop_last"
 
     def __post_init__(self) -> None:
-        require(_is_int(self.world_size) and self.world_size >= 1, TopologyError,
+        require(is_int(self.world_size) and self.world_size >= 1, TopologyError,
                 f"world_size={self.world_size!r} must be an integer >= 1; a job has at least one rank")
-        require(_is_int(self.batch_size) and self.batch_size >= 1, ConfigError,
+        require(is_int(self.batch_size) and self.batch_size >= 1, ConfigError,
                 f"batch_size={self.batch_size!r} must be an integer >= 1 (samples per rank per step)")
-        require(_is_int(self.replication) and self.replication >= 1, TopologyError,
+        require(is_int(self.replication) and self.replication >= 1, TopologyError,
                 f"replication={self.replication!r} must be an integer >= 1; use replication=1 for no replication")
         divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
         require(self.world_size % self.replication == 0, TopologyError,
@@ -95,20 +91,20 @@ class PartitionConfig:
 
 
 def _check_position(consumed: int, num_samples: int) -> None:
-    require(_is_int(num_samples) and num_samples >= 0, ConfigError,
+    require(is_int(num_samples) and num_samples >= 0, ConfigError,
             f"num_samples={num_samples!r} must be an integer >= 0 (the samples of the epoch)")
-    require(_is_int(consumed) and 0 <= consumed <= num_samples, StateError,
+    require(is_int(consumed) and 0 <= consumed <= num_samples, StateError,
             f"consumed={consumed!r} must be an integer in [0, num_samples={num_samples}]; "
             "the position belongs to another epoch or other data: restart the epoch at consumed=0")
 
 
 def _check_rank(rank: int, config: PartitionConfig) -> None:
-    require(_is_int(rank) and 0 <= rank < config.world_size, TopologyError,
+    require(is_int(rank) and 0 <= rank < config.world_size, TopologyError,
             f"rank={rank!r} must be an integer in [0, world_size={config.world_size}); pass one of 0..{config.world_size - 1}")
 
 
 def _check_workers(num_workers: int) -> None:
-    require(_is_int(num_workers) and num_workers >= 1, TopologyError,
+    require(is_int(num_workers) and num_workers >= 1, TopologyError,
             f"num_workers={num_workers!r} must be an integer >= 1; torch's num_workers=0 (main process) is num_workers=1")
 
 
@@ -247,7 +243,7 @@ def worker_of_batch(batch_number: int, num_workers: int) -> int:
     Clauses: PART-11, PART-12.
     """
     _check_workers(num_workers)
-    require(_is_int(batch_number) and batch_number >= 0, ConfigError,
+    require(is_int(batch_number) and batch_number >= 0, ConfigError,
             f"batch_number={batch_number!r} must be a non-negative integer")
     return batch_number % num_workers
 
@@ -267,7 +263,7 @@ def worker_batches(num_samples: int, config: PartitionConfig, rank: int, *, num_
     Clauses: PART-11.
     """
     _check_workers(num_workers)
-    require(_is_int(worker) and 0 <= worker < num_workers, TopologyError,
+    require(is_int(worker) and 0 <= worker < num_workers, TopologyError,
             f"worker={worker!r} must be an integer in [0, num_workers={num_workers}); pass one of 0..{num_workers - 1}")
     _check_rank(rank, config)
     count = steps_in_epoch(num_samples, config, start)

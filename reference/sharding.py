@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from reference.errors import ConfigError, TopologyError, require
+from reference.errors import ConfigError, TopologyError, is_int, require
 
 Mode = Literal["sequential", "chunked"]
 Uneven = Literal["uneven", "drop_last", "repeat_last", "wrap"]
@@ -41,17 +41,13 @@ UNEVEN_POLICIES = ("uneven", "drop_last", "repeat_last", "wrap")
 FILE_MODES = ("auto", "file", "example")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _require_count(name: str, value: object, minimum: int, error: type = ConfigError, fix: str = "") -> None:
-    require(_is_int(value) and value >= minimum, error,
+    require(is_int(value) and value >= minimum, error,
             f"{name}={value!r} must be an integer >= {minimum}" + (f"; {fix}" if fix else ""))
 
 
 def _require_index(name: str, value: object, bound: int, bound_name: str) -> None:
-    require(_is_int(value) and 0 <= value < bound, TopologyError,
+    require(is_int(value) and 0 <= value < bound, TopologyError,
             f"{name}={value!r} must be an integer in [0, {bound_name}={bound}); pass one of 0..{bound - 1}")
 
 
@@ -194,7 +190,7 @@ def resolve_file_mode(num_files: int, num_shards: int, mode: FileMode = "auto") 
 def _file_offsets(file_sizes: Sequence[int]) -> list[int]:
     offsets = [0]
     for i, size in enumerate(file_sizes):
-        require(_is_int(size) and size >= 0, ConfigError,
+        require(is_int(size) and size >= 0, ConfigError,
                 f"file_sizes[{i}]={size!r} must be a non-negative integer number of examples")
         offsets.append(offsets[-1] + size)
     return offsets

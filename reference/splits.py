@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from reference.errors import SplitError, require
+from reference.errors import SplitError, is_int, require
 
 Bound = int | float | str | None
 
@@ -64,12 +64,8 @@ class SplitSpec:
     rows: range
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_n(n: int) -> None:
-    require(_is_int(n) and n >= 0, SplitError, f"n={n!r} must be a non-negative integer (the number of examples)")
+    require(is_int(n) and n >= 0, SplitError, f"n={n!r} must be a non-negative integer (the number of examples)")
 
 
 def _clamp_index(index: int, n: int) -> int:
@@ -191,7 +187,7 @@ def parse_split(spec: str, n: int) -> SplitSpec:
 
 
 def _exact_fraction(value: object, index: int) -> Fraction:
-    require((_is_int(value) or isinstance(value, float)) and math.isfinite(value) and 0 <= value <= 1, SplitError,
+    require((is_int(value) or isinstance(value, float)) and math.isfinite(value) and 0 <= value <= 1, SplitError,
             f"fractions[{index}]={value!r} must be a number in [0, 1]")
     return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
 

@@ -10,12 +10,12 @@ every sample of the epoch was trained exactly once.
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 from fixtures import generators
 from reference.ordering import OrderingConfig
 from reference.packing import IGNORE, PackingConfig
-from reference.resume import PipelineConfig, ReferenceLoader, Topology, global_steps
+from reference.partition import trained_end
+from reference.resume import PipelineConfig, ReferenceLoader, Topology, audit_coverage, global_steps
 
 RULE = "─" * 78
 
@@ -65,18 +65,16 @@ def main() -> None:
     first = ReferenceLoader(corpus, config, Topology(world_size=2, rank=0, batch_size=4))
     for _, _ in zip(range(5), first):
         pass
-    print("  checkpoint (JSON):", json.dumps(first.state_dict()))
+    state = first.state_dict()
+    print("  checkpoint (JSON):", json.dumps(state))
     rows = global_steps(corpus, config, 0, [(before, 5), (after, -1)])
-    counts = Counter(r.sample_index for batch in rows for r in batch)
-    g = after.world_size * after.batch_size
-    covered = 40 + (total - 40) - (total - 40) % g
-    duplicates = sum(c - 1 for c in counts.values() if c > 1)
-    missing = sum(1 for i in range(covered) if i not in counts)
+    end = trained_end(state["consumed"], total, after.partition(config.end))
+    audit = audit_coverage((r.sample_index for batch in rows for r in batch), end)
     print(RULE)
     print("Coverage audit of epoch 0:")
-    print(f"  samples trained {sum(counts.values())}, covered range [0, {covered}), "
-          f"dropped by drop_last {total - covered}, duplicates {duplicates}, missing {missing}")
-    if duplicates or missing:
+    print(f"  samples trained {audit.trained}, covered range [0, {end}), dropped by drop_last {total - end}, "
+          f"duplicates {audit.duplicates}, missing {audit.missing}")
+    if not audit.exact:
         raise SystemExit("coverage audit FAILED")
     print(RULE)
 

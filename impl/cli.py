@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +99,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from impl.partition import group_batch
     from impl.store import TokenStore
     from reference import rng
-    from reference.partition import PartitionConfig, advance
-    from reference.resume import make_state
+    from reference.partition import PartitionConfig, advance, trained_end
+    from reference.resume import audit_coverage, make_state
 
     store = TokenStore.open(args.store, verify=args.verify)
     print(f"store {store.path}: {len(store)} documents, {store.num_tokens} tokens; files checked by "
@@ -112,7 +111,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     configs = [PartitionConfig(world_size=w, batch_size=args.batch_size) for w in worlds]
     key = rng.derive_key(args.seed, args.epoch, rng.Stream.SAMPLE_ORDER)
     print(f"epoch {args.epoch}: {total} samples; topologies {worlds} × batch {args.batch_size}, {args.resumes} resumes")
-    consumed, seen, failures = 0, Counter(), []
+    consumed, seen, failures = 0, [], []
     for segment in range(args.resumes + 1):
         cfg = configs[segment % len(configs)]
         if segment:
@@ -131,24 +130,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         before = consumed
         for _ in range(steps):
             groups = [group_batch(consumed, total, cfg, g) for g in range(cfg.data_parallel_size)]
+            seen += [i for g in groups for i in g]
+            consumed = advance(consumed, total, cfg)  # also after the empty step that ends the epoch (PART-7)
             if not any(groups):
                 break
-            seen.update(i for g in groups for i in g)
-            consumed = advance(consumed, total, cfg)
-        print(f"  {cfg.world_size} ranks: samples [{before}, {consumed})" + ("" if last else " → checkpoint, resume"))
-        if consumed >= total:
+        ended = consumed >= total
+        end = trained_end(before, total, cfg) if ended else consumed
+        print(f"  {cfg.world_size} ranks: samples [{before}, {end})" + (" → end of epoch" if ended else " → checkpoint, resume"))
+        if ended:
             break
-    covered = max(seen) + 1 if seen else 0
-    duplicates = sum(c - 1 for c in seen.values() if c > 1)
-    missing = sum(1 for i in range(covered) if i not in seen)
+    audit = audit_coverage(seen, end)
     audited = min(total, args.audit_samples)
     tokens = sum(int((ds.sample(args.epoch, i)["doc_ids"] >= 0).sum()) for i in range(audited))
-    print(f"coverage: {sum(seen.values())} samples trained of {total}, duplicates {duplicates}, missing {missing}, "
-          f"left at the epoch's end {total - covered}")
+    print(f"coverage: {audit.trained} samples trained of {total}, duplicates {audit.duplicates}, "
+          f"missing {audit.missing}, past the trained range {audit.beyond_end}, left at the epoch's end {total - end}")
     print(f"utilisation over the first {audited} samples: {tokens / max(1, audited * args.seq_len):.1%}")
     for f in failures:
         print("FAILED:", f)
-    ok = not failures and duplicates == 0 and missing == 0
+    ok = not failures and audit.exact
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

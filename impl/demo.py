@@ -20,7 +20,6 @@ import json
 import math
 import os
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from typing import Any
 import torch
 
 from impl._atomic import atomic_write_json
+from reference.partition import PartitionConfig, trained_end
+from reference.resume import audit_coverage
 
 LOG = "[demo]"
 
@@ -203,17 +204,20 @@ def run(workdir: Path, cfg: DemoConfig = DemoConfig()) -> dict[str, Any]:
     second, resume_ms = _read_logs(workdir, 2, cfg.second_world)
     kept = [[x for x in rank if x["step"] < cfg.checkpoint_step] for rank in first]
     trained = [x for rank in kept + second for x in rank]
-    counts = Counter(s for x in trained for s in x["samples"])
-    covered = total - total % cfg.global_batch
+    resumed_at = json.loads((workdir / "checkpoint" / "meta.json").read_text())["loader"]["consumed"]
+    end = trained_end(resumed_at, total, PartitionConfig(world_size=cfg.second_world,
+                                                         batch_size=cfg.global_batch // cfg.second_world))
+    audit = audit_coverage((s for x in trained for s in x["samples"]), end)
     report = {
         "documents_in_store": len(store),
         "documents_seen": len({d for x in trained for d in x["documents"]}),
         "tokens_seen": sum(x["tokens"] for x in trained),
         "samples_in_epoch": total,
-        "samples_trained": sum(counts.values()),
-        "dropped_by_drop_last": total - covered,
-        "duplicates": sum(c - 1 for c in counts.values() if c > 1),
-        "missing": sum(1 for i in range(covered) if i not in counts),
+        "samples_trained": audit.trained,
+        "dropped_by_drop_last": total - end,
+        "duplicates": audit.duplicates,
+        "missing": audit.missing,
+        "beyond_trained_range": audit.beyond_end,
         "steps_lost_after_checkpoint": cfg.steps_after_checkpoint,
         "loss_first_step": first[0][0]["loss"],
         "loss_at_checkpoint": kept[0][-1]["loss"],
@@ -228,7 +232,7 @@ def run(workdir: Path, cfg: DemoConfig = DemoConfig()) -> dict[str, Any]:
     for key, value in report.items():
         print(f"  {key:<{width}}  {value:.3f}" if isinstance(value, float) else f"  {key:<{width}}  {value}")
     atomic_write_json(workdir / "report.json", report)
-    ok = report["duplicates"] == 0 and report["missing"] == 0
+    ok = audit.exact
     print(f"{LOG} {'OK' if ok else 'FAILED'}: duplicates {report['duplicates']}, missing {report['missing']}; "
           f"loss {report['loss_at_checkpoint']:.2f} at the checkpoint → {report['loss_after_resume']:.2f} after resuming "
           f"on {cfg.second_world} ranks (an untrained model scores {report['loss_of_an_untrained_model']:.2f})")

@@ -209,6 +209,29 @@ def epoch_steps(num_samples: int, config: PartitionConfig, start: int = 0) -> li
     return steps
 
 
+def trained_end(start: int, num_samples: int, config: PartitionConfig) -> int:
+    """Where the trained prefix ``[0, S')`` of the epoch ends when its rest, from ``start``, runs under ``config`` (PART-8).
+
+    Why: an audit of "every sample exactly once" must know which samples the
+    end policy lets go untrained, and that depends only on the config that
+    finishes the epoch. Full steps cover ``G`` each; the last partial step
+    covers all of the rest under ``pad`` and ``D * floor(R / D)`` under ``even``.
+
+    >>> [trained_end(4, 11, PartitionConfig(world_size=3, end=e)) for e in END_POLICIES]
+    [10, 11, 10]
+
+    Clauses: PART-4, PART-5, PART-6, PART-8.
+    """
+    _check_position(start, num_samples)
+    full, rest = divmod(num_samples - start, config.global_batch_size)
+    end = start + full * config.global_batch_size
+    if config.end == "pad":
+        return num_samples
+    if config.end == "even":
+        return end + rest - rest % config.data_parallel_size
+    return end
+
+
 def steps_in_epoch(num_samples: int, config: PartitionConfig, start: int = 0) -> int:
     """The number of steps ``epoch_steps`` yields, in O(1) (PART-10).
 

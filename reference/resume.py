@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
@@ -209,6 +210,35 @@ def validate_state(state: Mapping[str, Any], fingerprint: str) -> tuple[int, int
     require(isinstance(epoch, int) and epoch >= 0 and isinstance(consumed, int) and consumed >= 0, StateError,
             f"state epoch={epoch!r}, consumed={consumed!r} must be non-negative integers")
     return epoch, consumed
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """What an epoch's audit found (RES-4): samples trained, repeats, gaps, and samples past the trained prefix."""
+
+    trained: int
+    duplicates: int
+    missing: int
+    beyond_end: int
+
+    @property
+    def exact(self) -> bool:
+        return self.duplicates == 0 and self.missing == 0 and self.beyond_end == 0
+
+
+def audit_coverage(trained: Iterable[int], end: int) -> Coverage:
+    """RES-4 as counts: each sample index in ``[0, end)`` trained exactly once, none past it; padding (-1) ignored.
+
+    ``end`` is ``reference.partition.trained_end`` of the config that finished the epoch.
+
+    >>> audit_coverage([0, 1, 1, 3, 5, -1], end=4)
+    Coverage(trained=5, duplicates=1, missing=1, beyond_end=1)
+    """
+    counts = Counter(i for i in trained if i != PAD_SAMPLE_INDEX)
+    return Coverage(trained=sum(counts.values()),
+                    duplicates=sum(c - 1 for c in counts.values() if c > 1),
+                    missing=sum(1 for i in range(end) if i not in counts),
+                    beyond_end=sum(c for i, c in counts.items() if i >= end))
 
 
 def stream(loader: Loader, *, max_empty_epochs: int = 2) -> Iterator[Any]:

@@ -261,3 +261,17 @@ def test_impossible_topologies_and_positions_are_refused_with_the_fix():
                         mentions=["num_samples=-1"])
     assert_raises_typed(TopologyError, worker_of_batch, 0, 0, clause="PART-12", what="num_workers=0",
                         mentions=["num_workers=0", "num_workers=1"])
+
+
+@pytest.mark.clause("PART-8")
+@given(total=st.integers(0, 60), start=st.integers(0, 60), world=st.integers(1, 4), batch=st.integers(1, 4),
+       end=st.sampled_from(["drop_last", "pad", "even"]))
+def test_trained_end_is_where_the_real_samples_of_the_remaining_steps_stop(total, start, world, batch, end):
+    from reference.partition import trained_end
+
+    start = min(start, total)
+    config = PartitionConfig(world_size=world, batch_size=batch, end=end)
+    real = [i for step in epoch_steps(total, config, start) for group in step for i in group if i != PADDING]
+    assert_equal(sorted(real), list(range(start, start + len(real))), clause="PART-8", what="samples the rest trains")
+    assert_equal(trained_end(start, total, config), start + len(real), clause="PART-8",
+                 what=f"trained_end({start}, {total}, {config})")

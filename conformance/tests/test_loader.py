@@ -19,6 +19,7 @@ from conformance import strategies as ls
 from conformance.adapter import CanonicalRow, required_capabilities
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import StateError
+from reference.partition import trained_end
 from reference.resume import PipelineConfig, ReferenceLoader, Topology, take
 
 
@@ -68,8 +69,7 @@ def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loader, corpu
     leaders = per_rank[:: topology.replication]
     seen = [row.sample_index for batches in leaders for batch in batches for row in batch]
     reference_len = len(ReferenceLoader(corpus, config, topology).samples(0))
-    group = topology.world_size // topology.replication * topology.batch_size
-    covered = reference_len - reference_len % group
+    covered = trained_end(0, reference_len, topology.partition(config.end))
     assert_exactly_once(seen, range(covered), clause="PART-1", what="global sample indices over data-parallel groups",
                         repro=_repro(corpus, config, topology))
     for r in range(topology.world_size):
@@ -137,7 +137,6 @@ def test_resume_after_world_size_change_sees_every_sample_once(loader, corpus, d
     drawn = data.draw(ls.pipeline_configs(loader.capabilities))
     config = PipelineConfig(ordering=drawn.ordering, packing=drawn.packing, end="drop_last")
     total = len(ReferenceLoader(corpus, config).samples(0))
-    g1, g2 = before.world_size * before.batch_size, after.world_size * after.batch_size
     with tempfile.TemporaryDirectory() as tmp:
         loaders = [loader.build(corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(before)]
         iterators = [iter(ld) for ld in loaders]
@@ -154,11 +153,11 @@ def test_resume_after_world_size_change_sees_every_sample_once(loader, corpus, d
                 ld.load_state_dict(state)
             seen += [row.sample_index for ld in resumed for batch in ld for row in batch]
             consumed = state["consumed"]
-            covered = consumed + (total - consumed) - (total - consumed) % g2
+            covered = trained_end(consumed, total, after.partition(config.end))
             assert_exactly_once(seen, range(covered), clause="RES-4", what="samples over both topologies",
                                 repro=_repro(corpus, config, (before, after), k=k))
             return
-    assert_exactly_once(seen, range(total - total % g1), clause="PART-7",
+    assert_exactly_once(seen, range(trained_end(0, total, before.partition(config.end))), clause="PART-7",
                         what="samples of an epoch the first topology finished", repro=_repro(corpus, config, before, k=k))
 
 

@@ -51,6 +51,7 @@ import operator
 import os
 import shutil
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -151,7 +152,10 @@ class FileRecord:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> FileRecord:
-        return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{name: obj[name] for name in _RECORD_FIELDS})
+
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(FileRecord))
 
 
 # --------------------------------------------------------------------------- hashing
@@ -381,8 +385,9 @@ class TokenStore:
     [a, b) of document d" and "tokens [a, b) of all documents in store order".
     Each is a binary search over files (``O(log files)``) and slicing of a
     mapped buffer, never a Python loop over documents. Opening reads
-    ``meta.json`` and ``O(1)`` bytes per file, so its cost does not grow with
-    the number of tokens.
+    ``meta.json`` and stats each file (no file is opened or read), so its
+    cost does not grow with the number of tokens; a file's content signature
+    is checked when it is first mapped.
     """
 
     # ------------------------------------------------------------ construction
@@ -390,6 +395,7 @@ class TokenStore:
     def __init__(self, path: Path, meta: dict[str, Any]):
         """Use :meth:`open` or :meth:`build`; this maps already validated metadata."""
         self._path = path
+        self._root = str(path)
         self._meta = meta
         self._dtype = np.dtype(meta["dtype"])
         try:
@@ -397,7 +403,8 @@ class TokenStore:
         except (KeyError, TypeError) as exc:
             raise StoreCorruptError(f"{path / META_FILE}: malformed file record ({exc}); {REBUILD_HINT}") from exc
         for rec in self._records:
-            self._check_file(rec)
+            self._check_file(rec, content=False)
+        self._map_lock = threading.Lock()
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
         self._values = _Parts(self, 0)
         self._offsets = _Parts(self, 1)
@@ -419,12 +426,22 @@ class TokenStore:
         """File ``f``'s (values, offsets), mapped and its Arrow layout validated on first use."""
         mapped = self._mapped[f]
         if mapped is None:
-            mapped = self._mapped[f] = self._map_file(self._records[f])
+            with self._map_lock:
+                mapped = self._mapped[f]
+                if mapped is None:
+                    mapped = self._mapped[f] = self._map_file(self._records[f])
         return mapped
 
-    def _check_file(self, rec: FileRecord) -> os.stat_result:
-        """The checks ``open`` makes of every file: present, recorded size, recorded quick signature."""
-        fp = self._path / rec.name
+    def _check_file(self, rec: FileRecord, *, content: bool) -> os.stat_result:
+        """Present with the recorded size (``open``); with ``content``, also the recorded quick signature (first map).
+
+        Why the signature waits for the first map: it reads 128 KiB per
+        file, so checking every file at ``open`` made open cost O(files),
+        and files grow with the token count. Checked at first map, before
+        any of the file's tokens is returned, a changed file is refused just
+        the same, and each process pays only for the files it reads.
+        """
+        fp = os.path.join(self._root, rec.name)
         where = f"token store {self._path}: file {rec.name}"
         if os.path.basename(rec.name) != rec.name or not rec.name:
             raise StoreCorruptError(f"{where}: invalid file name in {META_FILE}; {REBUILD_HINT}")
@@ -440,7 +457,7 @@ class TokenStore:
             raise StoreCorruptError(
                 f"{where} changed since it was built ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
             )
-        if quick_signature(fp, st.st_size) != rec.quick_signature:
+        if content and quick_signature(fp, st.st_size) != rec.quick_signature:
             raise StoreCorruptError(
                 f"{where} changed since it was built (its first/last {QUICK_SIGNATURE_BYTES // 1024} KiB differ "
                 f"from the recorded signature); {REBUILD_HINT}"
@@ -450,7 +467,7 @@ class TokenStore:
     def _map_file(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
         fp = self._path / rec.name
         where = f"token store {self._path}: file {rec.name}"
-        self._check_file(rec)
+        self._check_file(rec, content=True)
         try:
             with pa.memory_map(str(fp), "r") as mm:
                 reader = pa.ipc.open_file(mm)
@@ -488,13 +505,14 @@ class TokenStore:
     def open(cls, path: str | os.PathLike, *, verify: bool = False) -> TokenStore:
         """Open a built store, checking it cheaply; ``verify=True`` also re-hashes every file.
 
-        Checks at open (none reads tokens): ``meta.json`` exists and parses;
-        format name and version are known (StoreVersionError for a newer or
-        unknown version); every token file exists, has the recorded size and
-        the recorded quick signature (StoreCorruptError naming the file
-        otherwise). A file is memory-mapped on first use, when its Arrow
-        footer, schema, document count and last offset are checked against the
-        record before any of its tokens is returned.
+        Checks at open (none opens a token file): ``meta.json`` exists and
+        parses; format name and version are known (StoreVersionError for a
+        newer or unknown version); every token file exists and has the
+        recorded size (StoreCorruptError naming the file otherwise). A file is
+        memory-mapped on first use, when its quick signature (first and last
+        64 KiB), Arrow footer, schema, document count and last offset are
+        checked against the record before any of its tokens is returned: a
+        file changed since the build is refused then, with the same error.
         """
         root = Path(path)
         if not root.exists():

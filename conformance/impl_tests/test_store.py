@@ -474,7 +474,26 @@ def test_a_store_pickles_as_its_path_and_reopens_to_the_same_tokens(small_store)
 # --------------------------------------------------------------------------- open() checks
 
 
-def test_open_reads_metadata_and_at_most_two_64_kib_windows_per_file(big_store_dir, monkeypatch):
+def test_open_reads_metadata_only_and_no_token_file(big_store_dir, monkeypatch):
+    opened = []
+    real_open = os.open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    def no_hash(*args, **kwargs):
+        raise AssertionError("open() hashed a token file")
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(store_module, "sha256_file", no_hash)
+    monkeypatch.setattr(store_module, "quick_signature", no_hash)
+    store = TokenStore.open(big_store_dir)
+    assert not [p for p in opened if p.endswith(".arrow")]
+    assert store.num_files >= 1
+
+
+def test_first_read_of_a_file_checks_its_quick_signature_once_and_reads_two_64_kib_windows(big_store_dir, monkeypatch):
     read_bytes = []
     real_pread = os.pread
 
@@ -483,15 +502,21 @@ def test_open_reads_metadata_and_at_most_two_64_kib_windows_per_file(big_store_d
         read_bytes.append(len(data))
         return data
 
-    def no_full_hash(path):
-        raise AssertionError(f"open() hashed the whole of {path}")
+    signed = []
+    real_signature = store_module.quick_signature
+
+    def counting_signature(path, size=None):
+        signed.append(os.fspath(path))
+        return real_signature(path, size)
 
     monkeypatch.setattr(os, "pread", counting_pread)
-    monkeypatch.setattr(store_module, "sha256_file", no_full_hash)
+    monkeypatch.setattr(store_module, "quick_signature", counting_signature)
+    monkeypatch.setattr(store_module, "sha256_file", lambda path: pytest.fail(f"read hashed the whole of {path}"))
     store = TokenStore.open(big_store_dir)
     size = store.meta["files"][0]["size"]
-    assert sum(read_bytes) <= 2 * QUICK_SIGNATURE_BYTES * store.num_files < size / 4
-    assert store[0].size > 0  # and the store is usable
+    assert store[0].size > 0 and store[1].size > 0
+    assert len(signed) == 1 and signed[0].endswith(store.meta["files"][0]["name"])
+    assert 0 < sum(read_bytes) <= 2 * QUICK_SIGNATURE_BYTES < size / 4
 
 
 def test_a_mid_file_edit_passes_open_but_fails_verify(big_store_copy):
@@ -527,8 +552,11 @@ def test_a_same_size_edit_within_the_first_64_kib_is_refused_as_changed(big_stor
         f.seek(QUICK_SIGNATURE_BYTES - 10)
         f.write(bytes([byte[0] ^ 0x01]))
     assert path.stat().st_size == size
+    store = TokenStore.open(big_store_copy)  # the size matches: open cannot tell, the first read does
     with pytest.raises(StoreCorruptError, match=rf"{path.name} changed since it was built.*rebuild"):
-        TokenStore.open(big_store_copy)
+        store[0]
+    with pytest.raises(StoreCorruptError, match=rf"{path.name} changed since it was built"):
+        store.read(0, 1)  # refused again: a failed check never leaves the file mapped
 
 
 def test_a_missing_token_file_is_refused_as_corrupt(tmp_path, small_store):

@@ -22,7 +22,9 @@ per-window Feistel permutations are evaluated for all windows at once with one
 key per element (``impl.rng.feistel``; the same network as
 ``impl.rng.FeistelPermutation``). For a handful of positions (a sample's
 documents) ``EpochOrder`` uses ``reference.rng``'s scalar network instead,
-which is bit-identical and several times faster than numpy on tiny arrays.
+which is bit-identical and several times faster than numpy on tiny arrays;
+a sequential reader (a loader) gets whole blocks of ``BLOCK`` positions
+evaluated at once and cached (a few blocks, never the whole order).
 
 Worked example (files of 3, 0 and 2 documents; the reference's own example)::
 
@@ -38,6 +40,7 @@ Worked example (files of 3, 0 and 2 documents; the reference's own example)::
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,6 +66,12 @@ SCALAR_LIMIT = 32
 """Up to this many positions ``EpochOrder`` evaluates the Feistel network with Python ints: a numpy evaluation
 costs ~100 us per cycle-walking pass whatever its size, a scalar one ~10-30 us per position (measured: scalar is
 faster up to ~24-32 positions)."""
+
+BLOCK = 2048
+"""Positions per cached block of an epoch's order: a loader reads consecutive positions, so once two lookups fall in
+one block ``EpochOrder`` evaluates the whole block in one vectorised pass (~0.3 ms, ~0.15 us per position) and
+answers the next ~600 samples' lookups from it."""
+BLOCKS_KEPT = 4
 
 
 def _checked_sizes(file_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -135,7 +144,8 @@ class EpochOrder:
     ([4, 1], 5)
     """
 
-    __slots__ = ("kind", "n", "_perm", "_scalar_perm", "_window", "_key", "_file_cum", "_file_base")
+    __slots__ = ("kind", "n", "_perm", "_scalar_perm", "_window", "_key", "_file_cum", "_file_base", "_blocks",
+                 "_last_block")
 
     def __init__(self, file_sizes: Sequence[int] | np.ndarray, config: OrderingConfig, epoch: int) -> None:
         _check_kind(config)
@@ -145,6 +155,8 @@ class EpochOrder:
         self.n = int(sizes.sum())
         self._perm = None
         self._scalar_perm = None
+        self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._last_block: int | None = None
         if config.kind == "global":
             self._perm = FeistelPermutation(self.n, derive_key(config.seed, epoch, Stream.ORDER))
         elif config.kind == "window":
@@ -171,14 +183,54 @@ class EpochOrder:
             raise ConfigError(f"position={bad} must be an integer in [0, N={self.n}) (the epoch has {self.n} documents)")
         if self.kind == "sequential":
             return pos.copy()
+        if pos.size:
+            cached = self._from_blocks(pos)
+            if cached is not None:
+                return cached
         if pos.size <= SCALAR_LIMIT:
             return self._scalar(pos)
+        return self._vector(pos)
+
+    def _vector(self, pos: np.ndarray) -> np.ndarray:
         if self.kind == "global":
             return self._perm(pos)
         flat = pos.reshape(-1)
         s = _window_source(self.n, self._window, self._key, flat)
         j = np.searchsorted(self._file_cum, s, side="right") - 1
         return (s + self._file_base[j]).reshape(pos.shape)
+
+    def _from_blocks(self, pos: np.ndarray) -> np.ndarray | None:
+        """The ids from cached blocks of ``BLOCK`` positions, or None (then the caller evaluates the positions).
+
+        Why: the positions of a loader's batch are a short run of consecutive
+        positions, the next batch's the run after it. Evaluating ~25
+        positions costs ~0.1 ms however it is done (scalar or vectorised),
+        a whole block of 2048 ~0.3 ms. A block is evaluated when a lookup
+        falls in at most two adjacent blocks and the previous lookup did too
+        (a sequential reader); isolated random lookups (``ds[i]`` for
+        arbitrary ``i``) keep the cheaper scalar path. At most
+        ``BLOCKS_KEPT`` blocks are kept (least recently used dropped), so
+        memory stays O(BLOCK), never O(N) (ORD-9).
+        """
+        lo, hi = int(pos.min()) // BLOCK, int(pos.max()) // BLOCK
+        if hi - lo > 1:
+            return None
+        streak = self._last_block in (lo, lo - 1, hi)
+        self._last_block = hi
+        wanted = (lo,) if lo == hi else (lo, hi)
+        if not streak and not all(b in self._blocks for b in wanted):
+            return None
+        for b in wanted:
+            if b in self._blocks:
+                self._blocks.move_to_end(b)
+            else:
+                start = b * BLOCK
+                self._blocks[b] = self._vector(np.arange(start, min(start + BLOCK, self.n), dtype=np.int64))
+                while len(self._blocks) > BLOCKS_KEPT:
+                    self._blocks.popitem(last=False)
+        base = lo * BLOCK
+        table = self._blocks[lo] if lo == hi else np.concatenate((self._blocks[lo], self._blocks[hi]))
+        return table[pos - base]
 
     def _scalar(self, pos: np.ndarray) -> np.ndarray:
         """Few positions: ``reference.rng``'s scalar Feistel network (the spec impl.rng mirrors bit for bit).

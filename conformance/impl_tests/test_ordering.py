@@ -155,3 +155,52 @@ def test_few_positions_and_many_positions_give_the_same_documents(kind):
     expected = ro.epoch_order(sizes, config, 1)
     assert_equal(order(many).tolist(), [expected[p] for p in many.tolist()], clause="ORD-9",
                  what=f"{kind} order vs reference")
+
+
+lookups = st.lists(st.tuples(st.booleans(), st.integers(0, 10**6), st.integers(1, 40)), min_size=1, max_size=25)
+
+
+@pytest.mark.clause("ORD-9", "RNG-5")
+@given(sizes=big_sizes, config=big_configs.filter(lambda c: c.kind != "sequential"), epoch=epochs,
+       block=st.sampled_from([1, 3, 16, 2048]), calls=lookups)
+def test_cached_blocks_answer_sequential_and_random_lookups_like_the_reference(sizes, config, epoch, block, calls):
+    """Runs of consecutive positions (a loader) fill and evict cached blocks; jumps (random ``ds[i]``) must not care."""
+    n = sum(sizes)
+    if n == 0:
+        return
+    expected = ro.epoch_order(sizes, config, epoch)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(io, "BLOCK", block)
+        order = io.EpochOrder(sizes, config, epoch)
+        at = 0
+        for jump, where, count in calls:
+            at = where % n if jump else at
+            pos = np.arange(at, min(at + count, n), dtype=np.int64)
+            at = int(pos[-1]) + 1 if int(pos[-1]) + 1 < n else 0
+            assert_equal(order(pos).tolist(), [expected[p] for p in pos.tolist()], clause="ORD-9",
+                         what=f"{config.kind} order at positions {pos[0]}..{pos[-1]} (block {block})",
+                         repro=repro(sizes, config, epoch, calls=calls))
+            assert len(order._blocks) <= io.BLOCKS_KEPT
+
+
+@pytest.mark.clause("ORD-9")
+@pytest.mark.parametrize("kind", ("global", "window"))
+def test_a_sequential_reader_evaluates_each_block_once_and_a_random_reader_none(kind, monkeypatch):
+    sizes = [5000, 3000]
+    config = OrderingConfig(kind=kind, window=100, seed=3)
+    expected = ro.epoch_order(sizes, config, 0)
+    monkeypatch.setattr(io, "BLOCK", 256)
+    evaluated = []
+    real_vector = io.EpochOrder._vector
+    monkeypatch.setattr(io.EpochOrder, "_vector", lambda self, pos: evaluated.append(len(pos)) or real_vector(self, pos))
+    order = io.EpochOrder(sizes, config, 0)
+    for start in range(0, 8000, 25):          # a loader: runs of 25 consecutive positions
+        pos = np.arange(start, min(start + 25, 8000))
+        assert order(pos).tolist() == [expected[p] for p in pos.tolist()]
+    assert evaluated == [256] * 31 + [8000 - 31 * 256]
+    assert len(order._blocks) == io.BLOCKS_KEPT
+    evaluated.clear()
+    fresh = io.EpochOrder(sizes, config, 0)
+    for p in np.random.default_rng(0).permutation(8000)[:200].tolist():   # isolated lookups: mostly scalar
+        assert fresh(np.array([p])).tolist() == [expected[p]]
+    assert len(evaluated) < 200 // 4, f"{len(evaluated)} of 200 random lookups evaluated a whole block"

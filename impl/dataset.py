@@ -69,6 +69,7 @@ from impl.packing import (
     STREAM_FIELDS,
     PackPlan,
     TokenSource,
+    batch_cu_seqlens,
     kept_lengths,
     materialize,
     materialize_batch,
@@ -519,7 +520,7 @@ class PackedDataset(Dataset):
             return True
         if self._fixed_samples is not None:
             return int(indices.max()) < self._fixed_samples
-        for epoch in np.unique(epochs[real]).tolist():
+        for epoch in _distinct(epochs[real]):
             if int(indices[real & (epochs == epoch)].max()) >= self.num_samples(epoch):
                 return False
         return True
@@ -528,11 +529,11 @@ class PackedDataset(Dataset):
         """The batch of resolved keys, numpy, in ``__getitems__``'s layout (one ``materialize_batch`` per epoch)."""
         p = self.config.packing
         real = indices != PADDING
-        groups = np.unique(epochs[real]).tolist()
+        groups = _distinct(epochs[real])
         if len(groups) <= 1:
             if groups:
                 epoch = groups[0]
-                out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch))
+                out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch), segments=True)
             else:   # only padding keys: no plan needed
                 out = _padding_batch(len(indices), p)
         else:
@@ -542,9 +543,12 @@ class PackedDataset(Dataset):
                 part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch))
                 for name in FIELDS:
                     out[name][rows] = part[name]
+        cu, max_seqlen = out.pop("cu_seqlens", None), out.pop("max_seqlen", None)
+        if cu is None:
+            cu, max_seqlen = batch_cu_seqlens(out["position_ids"])
         out["epoch"] = np.array(epochs, dtype=np.int64)
         out["sample_index"] = np.array(indices, dtype=np.int64)
-        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+        out["cu_seqlens"], out["max_seqlen"] = cu, max_seqlen
         return out
 
     def samples(self, epoch: int, indices: Any) -> dict[str, Any]:
@@ -593,24 +597,18 @@ class PackedDataset(Dataset):
                 for name, value in self._batch(keys).items()}
 
 
+def _distinct(values: np.ndarray) -> list[int]:
+    """The distinct values, ascending, as ints: ``np.unique(values).tolist()`` without its sort when all are equal."""
+    if not len(values):
+        return []
+    first = int(values[0])
+    if not (values != first).any():
+        return [first]
+    return np.unique(values).tolist()
+
+
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:
     """``rows`` padding samples (``reference.resume.padding_sample``), int64 ``[rows, seq_len]``."""
     pad = padding_sample(p)
     return {name: np.tile(np.asarray(getattr(pad, name), dtype=np.int64), (rows, 1)) for name in FIELDS}
 
-
-def batch_cu_seqlens(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """``impl.collation.cu_seqlens`` in numpy: int32 segment starts over the flattened ``[B, L]`` batch, plus the end.
-
-    >>> batch_cu_seqlens(np.array([[0, 1, 2, 0], [5, 6, 0, 1]]))
-    (array([0, 3, 4, 6, 8], dtype=int32), 3)
-    """
-    rows, length = position_ids.shape
-    starts = position_ids == 0
-    if length:
-        starts[:, 0] = True
-    idx = np.flatnonzero(starts)
-    cu = np.empty(len(idx) + 1, dtype=np.int32)
-    cu[:-1] = idx
-    cu[-1] = rows * length
-    return cu, (int(np.diff(cu).max()) if len(cu) > 1 else 0)

@@ -77,6 +77,7 @@ __all__ = [
     "materialize_batch",
     "fill_pieces",
     "fill_batch",
+    "batch_cu_seqlens",
     "greedy_bins",
     "first_fit_bins",
     "best_fit_bins",
@@ -694,8 +695,42 @@ def _arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
+def batch_cu_seqlens(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """``impl.collation.cu_seqlens`` in numpy: int32 segment starts over the flattened ``[B, L]`` batch, plus the end.
+
+    >>> batch_cu_seqlens(np.array([[0, 1, 2, 0], [5, 6, 0, 1]]))
+    (array([0, 3, 4, 6, 8], dtype=int32), 3)
+    """
+    rows, length = position_ids.shape
+    starts = position_ids == 0
+    if length:
+        starts[:, 0] = True
+    idx = np.flatnonzero(starts)
+    cu = np.empty(len(idx) + 1, dtype=np.int32)
+    cu[:-1] = idx
+    cu[-1] = rows * length
+    return cu, (int(np.diff(cu).max()) if len(cu) > 1 else 0)
+
+
+def _with_segments(out: dict[str, Any], heads: np.ndarray | None = None, widths: np.ndarray | None = None) -> dict[str, Any]:
+    """Add ``cu_seqlens`` / ``max_seqlen`` (``batch_cu_seqlens`` of ``position_ids``); from the pieces when rows are full.
+
+    With every row full, the segments are exactly the pieces (a piece's
+    positions count 0, 1, ... from its head, and each row starts with a
+    piece), so no pass over the ``[B, L]`` positions is needed.
+    """
+    if heads is None:
+        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+    else:
+        cu = np.empty(len(heads) + 1, dtype=np.int32)
+        cu[:-1] = heads
+        cu[-1] = out["position_ids"].size
+        out["cu_seqlens"], out["max_seqlen"] = cu, int(widths.max())
+    return out
+
+
 def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, config: PackingConfig,
-               source: TokenSource) -> dict[str, np.ndarray]:
+               source: TokenSource, *, segments: bool = False) -> dict[str, np.ndarray]:
     """Rows of samples from their pieces: ``fill_pieces`` of each row, stacked, with no Python work per row or piece.
 
     Row ``r`` holds the next ``counts[r]`` pieces of ``(doc_ids, starts,
@@ -703,6 +738,8 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     padding sample). Returns int64 ``[rows, seq_len]`` arrays ``input_ids``,
     ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``, equal to
     stacking ``fill_pieces`` of each row (without ``document_starts``).
+    With ``segments``, also ``cu_seqlens`` (int32) and ``max_seqlen``, as
+    ``batch_cu_seqlens(position_ids)`` gives them.
 
     How: every piece's positions are laid end to end on one flat grid of
     ``T`` tokens (``seg``: exclusive cumsum of the widths); per-token values
@@ -731,7 +768,8 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
             f"counts sum to {int(counts.sum())} pieces but doc_ids/starts/stops hold {P}/{len(a)}/{len(b)}; "
             "pass PackPlan.batch_pieces's arrays")
     if P == 0:
-        return _rows_block(B, config, padded=True)
+        empty = _rows_block(B, config, padded=True)
+        return _with_segments(empty) if segments else empty
     ab, ae = int(config.add_bos), int(config.add_eos)
     doc_start = source.doc_offsets[docs]
     length = source.lengths[docs]
@@ -810,6 +848,8 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
         dest = np.flatnonzero(_arange(L) < totals[:, None])
         for name, values in zip(BATCH_FIELDS, (tokens, labels, rel, out_docs, offset)):
             out[name].reshape(-1)[dest] = values
+    if segments:
+        return _with_segments(out, heads, widths) if full else _with_segments(out)
     return out
 
 
@@ -833,7 +873,8 @@ def _piece_parts(source: TokenSource, doc_start: np.ndarray,
 
 
 def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], config: PackingConfig, source: TokenSource,
-                      doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+                      doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None, *,
+                      segments: bool = False) -> dict[str, np.ndarray]:
     """Samples ``indices`` of ``plan`` (``-1``: the padding sample) as int64 ``[len(indices), seq_len]`` arrays.
 
     Equal, field for field, to stacking ``materialize(plan, i, config,
@@ -842,7 +883,8 @@ def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], confi
     does not grow with the batch: one ``PackPlan.batch_pieces``, one
     ``doc_ids`` lookup of every piece's position, one ``fill_batch``.
     Keys: ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,
-    ``token_offsets``.
+    ``token_offsets``; with ``segments``, also ``cu_seqlens`` and
+    ``max_seqlen`` (``fill_batch``).
 
     Clauses: PACK-3, PACK-4, PACK-5, PACK-20 (and the plan's clauses through ``plan``).
 
@@ -858,9 +900,8 @@ def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], confi
     counts, pos, start, stop = plan.batch_pieces(indices)
     if not len(pos) or doc_ids is None:
         docs = pos
-    elif callable(doc_ids):     # each distinct position once: neighbouring samples share their boundary documents
-        unique, inverse = np.unique(pos, return_inverse=True)
-        docs = np.asarray(doc_ids(unique), dtype=_I64)[inverse]
+    elif callable(doc_ids):
+        docs = np.asarray(doc_ids(pos), dtype=_I64)
     else:
         docs = np.asarray(doc_ids)[pos]
-    return fill_batch(counts, docs, start, stop, config, source)
+    return fill_batch(counts, docs, start, stop, config, source, segments=segments)

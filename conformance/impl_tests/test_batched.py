@@ -114,6 +114,24 @@ def test_materialize_batch_equals_stacked_materialize_for_every_mode_option_and_
                          repro=rep)
 
 
+@pytest.mark.clause("PACK-20", "COLL-8")
+@settings(max_examples=40)
+@given(corpus=ls.corpora(), config=ls.packing_configs(), data=st.data())
+def test_segments_from_the_pieces_equal_cu_seqlens_of_the_position_ids(corpus, config, data):
+    docs = unique_tokens(corpus)
+    plan = ip.pack_plan([len(d) for d in docs], config)
+    indices = data.draw(st.lists(st.integers(-1, plan.num_samples - 1), max_size=12), label="indices")
+    source = ip.TokenSource.from_documents(docs)
+    got = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, segments=True)
+    cu, max_seqlen = ip.batch_cu_seqlens(got["position_ids"])
+    rep = {"corpus": corpus, "config": config, "indices": indices}
+    assert_equal(got["cu_seqlens"].dtype, np.dtype(np.int32), clause="COLL-8", what="cu_seqlens dtype", repro=rep)
+    assert_equal((got["cu_seqlens"].tolist(), got["max_seqlen"]), (cu.tolist(), max_seqlen), clause="COLL-8",
+                 what="segments of the batch", repro=rep)
+    plain = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source)
+    assert_equal(list(plain), list(FIELDS), clause="PACK-20", what="keys without segments", repro=rep)
+
+
 @pytest.mark.clause("PACK-20")
 def test_batch_pieces_lists_each_rows_pieces_as_pieces_does_and_padding_rows_have_none():
     for mode in ("concat", "chunk", "greedy", "none"):

@@ -85,6 +85,9 @@ __all__ = [
 ]
 
 _I64 = np.int64
+SLICE_MIN_WIDTH = 16
+"""``fill_batch`` copies tokens one slice per piece when pieces average at least this many positions, else it
+fancy-indexes every position at once (faster for many tiny pieces)."""
 STREAM_FIELDS = ("cum", "kept")
 BIN_FIELDS = ("sample_ptr", "piece_pos", "piece_start", "piece_stop")
 
@@ -509,6 +512,36 @@ class TokenSource:
     def num_parts(self) -> int:
         return len(self._parts)
 
+    def copy_runs(self, out: np.ndarray, parts: np.ndarray, starts: np.ndarray, dest: np.ndarray, widths: np.ndarray,
+                  lo: np.ndarray, hi: np.ndarray, after: np.ndarray) -> np.ndarray:
+        """Copy run ``r`` (part ``parts[r]``, part-local ``starts[r]`` .. ``+ widths[r]``) to ``out[dest[r]:]``; return ``part[after]``.
+
+        Only the part of each run inside ``[lo[r], hi[r])`` (its document) is
+        copied; the positions outside it are left for the caller (they are
+        BOS/EOS positions it overwrites). Returns the token at part-local
+        ``after[r]`` of each run's part, int64. Why slices: a batch of packed
+        samples is a few dozen long runs, and one ``memcpy``-like slice copy
+        per run is several times faster than a fancy index over every
+        position when the runs are scattered across files (the global
+        shuffle).
+
+        >>> src = TokenSource([np.array([5, 6, 7]), np.array([8, 9])], np.array([0, 2, 3, 5]))
+        >>> out = np.full(4, -1)
+        >>> src.copy_runs(out, np.array([1, 0]), np.array([0, -1]), np.array([0, 2]), np.array([2, 2]),
+        ...               np.array([0, 0]), np.array([2, 2]), np.array([1, 2])).tolist(), out.tolist()
+        ([9, 7], [8, 9, -1, 5])
+        """
+        c0 = np.maximum(starts, lo)
+        c1 = np.minimum(starts + widths, hi)
+        at = dest + (c0 - starts)
+        got = []
+        for q, x0, x1, d, k in zip(parts.tolist(), c0.tolist(), c1.tolist(), at.tolist(), after.tolist()):
+            values = self._parts[q]
+            if x1 > x0:
+                out[d:d + x1 - x0] = values[x0:x1]
+            got.append(values[k])
+        return np.array(got, dtype=_I64)
+
     def part_of(self, indices: np.ndarray) -> np.ndarray:
         """The part holding each global token index (indices clipped into ``[0, total)`` first), int64."""
         idx = np.minimum(np.maximum(np.asarray(indices, dtype=_I64), 0), max(int(self._part_starts[-1]) - 1, 0))
@@ -799,34 +832,27 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     # local to the part (file) holding the piece's document.
     part, part_lo, part_hi, local = _piece_parts(source, doc_start, length)
     raw_base = doc_start - ab - part_lo                         # part-local index of prepared offset 0
-    idx = np.empty(T + P, dtype=_I64)
-    np.add(offset, np.repeat(raw_base, widths), out=idx[:T])
-    idx[T:] = raw_base + b
-    # Offsets 0 (add_bos) and m - 1 (add_eos), at most one position per piece each, point outside the document:
-    # any valid index will do, the value is replaced. A stop index past the document is never trained: clamp it.
+    after_idx = np.minimum(np.maximum(raw_base + b, 0), part_hi - part_lo)  # past the document: never trained
+    # Offsets 0 (add_bos) and m - 1 (add_eos), at most one position per piece each, lie outside the document;
+    # their tokens are written below.
     edges = []
-    for on, at_offset, ident in ((ab, np.zeros(P, dtype=_I64), config.bos_id), (ae, m - 1, config.eos_id)):
+    for on, at_offset in ((ab, np.zeros(P, dtype=_I64)), (ae, m - 1)):
         if on:
             r = at_offset - first_offset
             hit = np.flatnonzero((r >= 0) & (r < widths))
-            at = heads[hit] + r[hit]
-            idx[at] = 0
-            edges.append((at, ident))
-    np.minimum(np.maximum(idx[T:], 0, out=idx[T:]), part_hi - part_lo, out=idx[T:])
-    if not local:   # a document spans parts (hand-built sources only): global indices
-        values = source.take(idx)
-    elif source.num_parts > 1 and (part != part[0]).any():
-        values = source.take_runs(idx, np.concatenate((heads, T + _arange(P))),
-                                  np.concatenate((widths, np.ones(P, dtype=_I64))), np.concatenate((part, part)))
-    else:           # one part (file) holds the whole batch: one fancy index
-        values = source.take_runs(idx, heads[:1], np.array([T + P]), part[:1])
-    tokens[:] = values[:T]
-    after = values[T:].astype(_I64)
+            edges.append(heads[hit] + r[hit])
+    if local and source.num_parts and T >= SLICE_MIN_WIDTH * P:
+        doc_lo = doc_start - part_lo
+        after = source.copy_runs(tokens, part, raw_base + first_offset, heads, widths, doc_lo, doc_lo + length, after_idx)
+    else:
+        values = _gather(source, part, local, offset, raw_base, after_idx, heads, widths, edges)
+        tokens[:] = values[:T]
+        after = values[T:].astype(_I64)
     if ab:
-        tokens[edges[0][0]] = config.bos_id
+        tokens[edges[0]] = config.bos_id
         after[b == 0] = config.bos_id
     if ae:
-        tokens[edges[-1][0]] = config.eos_id
+        tokens[edges[-1]] = config.eos_id
         after[b == m - 1] = config.eos_id
 
     labels[:-1] = tokens[1:]                                    # the label of position j: the token at offset + 1
@@ -851,6 +877,27 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     if segments:
         return _with_segments(out, heads, widths) if full else _with_segments(out)
     return out
+
+
+def _gather(source: TokenSource, part: np.ndarray, local: bool, offset: np.ndarray, raw_base: np.ndarray,
+            after_idx: np.ndarray, heads: np.ndarray, widths: np.ndarray, edges: list[np.ndarray]) -> np.ndarray:
+    """Every position's raw token, then each piece's token after its stop, by fancy indexing (``fill_batch``'s short-piece path).
+
+    Why a second way to read tokens: with short pieces (a few tokens each)
+    one index array over the batch beats a Python-level copy per piece.
+    """
+    T, P = len(offset), len(heads)
+    idx = np.empty(T + P, dtype=_I64)
+    np.add(offset, np.repeat(raw_base, widths), out=idx[:T])
+    idx[T:] = after_idx
+    for at in edges:       # outside the document: any valid index will do, the value is replaced
+        idx[at] = 0
+    if not local:          # a document spans parts (hand-built sources only): global indices
+        return source.take(idx)
+    if source.num_parts > 1 and (part != part[0]).any():
+        return source.take_runs(idx, np.concatenate((heads, T + _arange(P))),
+                                np.concatenate((widths, np.ones(P, dtype=_I64))), np.concatenate((part, part)))
+    return source.take_runs(idx, heads[:1], np.array([T + P]), part[:1])   # one part holds the batch: one fancy index
 
 
 def _piece_parts(source: TokenSource, doc_start: np.ndarray,

@@ -82,7 +82,7 @@ def assert_same_batch(got, expected, *, clause: str, what: str, repro) -> None:
 
 
 @pytest.mark.clause("PACK-20", "PACK-3", "PACK-4", "PACK-5")
-@settings(max_examples=60)
+@settings(max_examples=120)
 @given(corpus=ls.corpora(), config=ls.packing_configs(), data=st.data())
 def test_materialize_batch_equals_stacked_materialize_for_every_mode_option_and_token_source(corpus, config, data):
     docs = unique_tokens(corpus)
@@ -100,11 +100,14 @@ def test_materialize_batch_equals_stacked_materialize_for_every_mode_option_and_
     mapping = data.draw(st.sampled_from([None, "array", "callable"]), label="doc ids")
     ids = np.arange(len(docs), dtype=np.int64)
     doc_ids = {None: None, "array": ids, "callable": lambda pos: ids[pos]}[mapping]
-    got = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, doc_ids)
+    path = data.draw(st.sampled_from(["slices", "fancy index"]), label="token path")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ip, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
+        got = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, doc_ids)
     pad = padding_sample(config)
     rows = [ip.materialize(plan, i, config, source, doc_ids) if i >= 0 else
             {name: np.asarray(getattr(pad, name), dtype=np.int64) for name in FIELDS} for i in indices]
-    rep = {"corpus": corpus, "config": config, "source": kind, "indices": indices}
+    rep = {"corpus": corpus, "config": config, "source": kind, "indices": indices, "path": path}
     assert_equal(list(got), list(FIELDS), clause="PACK-20", what="materialize_batch keys", repro=rep)
     for name in FIELDS:
         assert_equal((got[name].dtype, got[name].shape), (np.dtype(np.int64), (len(indices), config.seq_len)),
@@ -112,6 +115,24 @@ def test_materialize_batch_equals_stacked_materialize_for_every_mode_option_and_
         if rows:
             assert_equal(got[name].tolist(), stacked(rows)[name].tolist(), clause="PACK-20", what=f"batched {name}",
                          repro=rep)
+
+
+@pytest.mark.clause("PACK-20", "PACK-3")
+@pytest.mark.parametrize("mode", ["concat", "chunk", "greedy", "none"])
+@pytest.mark.parametrize("path", ["slices", "fancy index"])
+def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_single_sample_path(mode, path, monkeypatch):
+    docs = [[10 + i * 10 + k for k in range(n)] for i, n in enumerate([5, 1, 0, 7, 3, 9])]
+    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum([len(d) for d in docs], out=offsets[1:])
+    source = split_source(docs, offsets[1:-1].tolist())       # every document in its own file
+    config = PackingConfig(seq_len=6, mode=mode, add_bos=True, add_eos=True, bos_id=1, eos_id=2)
+    plan = ip.pack_plan([len(d) for d in docs], config)
+    monkeypatch.setattr(ip, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
+    indices = list(range(plan.num_samples))
+    got = ip.materialize_batch(plan, indices, config, source)
+    expected = stacked([ip.materialize(plan, i, config, source) for i in indices])
+    for name in FIELDS:
+        assert_equal(got[name].tolist(), expected[name].tolist(), clause="PACK-20", what=f"{mode} {name} via {path}")
 
 
 @pytest.mark.clause("PACK-20", "COLL-8")

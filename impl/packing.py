@@ -86,8 +86,9 @@ __all__ = [
 
 _I64 = np.int64
 SLICE_MIN_WIDTH = 16
-"""``fill_batch`` copies tokens one slice per piece when pieces average at least this many positions, else it
-fancy-indexes every position at once (faster for many tiny pieces)."""
+"""``fill_batch`` copies tokens one slice per piece when the batch spans files and its pieces average at least this
+many positions; otherwise it fancy-indexes every position at once (faster for many tiny pieces, and for a batch
+whose pieces all sit in one file)."""
 STREAM_FIELDS = ("cum", "kept")
 BIN_FIELDS = ("sample_ptr", "piece_pos", "piece_start", "piece_stop")
 
@@ -841,7 +842,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
             r = at_offset - first_offset
             hit = np.flatnonzero((r >= 0) & (r < widths))
             edges.append(heads[hit] + r[hit])
-    if local and source.num_parts and T >= SLICE_MIN_WIDTH * P:
+    if local and source.num_parts and T >= SLICE_MIN_WIDTH * P and (part != part[0]).any():
         doc_lo = doc_start - part_lo
         after = source.copy_runs(tokens, part, raw_base + first_offset, heads, widths, doc_lo, doc_lo + length, after_idx)
     else:

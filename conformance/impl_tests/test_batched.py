@@ -124,7 +124,7 @@ def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_single_sample
     docs = [[10 + i * 10 + k for k in range(n)] for i, n in enumerate([5, 1, 0, 7, 3, 9])]
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum([len(d) for d in docs], out=offsets[1:])
-    source = split_source(docs, offsets[1:-1].tolist())       # every document in its own file
+    source = split_source(docs, offsets[1:-1].tolist())       # every document in its own file: batches span files
     config = PackingConfig(seq_len=6, mode=mode, add_bos=True, add_eos=True, bos_id=1, eos_id=2)
     plan = ip.pack_plan([len(d) for d in docs], config)
     monkeypatch.setattr(ip, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)

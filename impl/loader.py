@@ -186,22 +186,61 @@ class ElasticLoader:
                 f"epoch={self._epoch}, consumed={self._consumed})")
 
 
-def collate_to_numpy(batch: Any) -> dict[str, Any]:
-    """``collate`` in a worker, with tensors handed over as numpy arrays.
+_WIRE_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32))
+_WIDENED = "__loadspec_widen__"
 
-    Why: torch sends every tensor from a worker through its own shared-memory
-    file descriptor (a socket connect and handshake per tensor, ~0.5 ms each
-    here), while numpy arrays travel inside the one pickled message on the
-    worker's pipe. A batch is 8 arrays of at most B·L int64, so the copy is
-    far cheaper than 8 handshakes; ``tensors_from_numpy`` wraps them back
-    without a copy in the training process.
+
+def _narrowest(values: np.ndarray) -> np.dtype:
+    """The smallest integer dtype holding every value of an int64 array (int64 itself if none does)."""
+    if not values.size:
+        return values.dtype
+    lo, hi = int(values.min()), int(values.max())
+    for dtype in _WIRE_DTYPES:
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    return values.dtype
+
+
+def collate_to_numpy(batch: Any) -> dict[str, Any]:
+    """``collate`` in a worker, with tensors handed over as numpy arrays of the narrowest integer dtype.
+
+    Why numpy: torch sends every tensor from a worker through its own
+    shared-memory file descriptor (a socket connect and handshake per tensor,
+    ~0.5 ms each here), while numpy arrays travel inside the one pickled
+    message on the worker's pipe. Why narrow: the pipe moves ~0.5 GB/s here,
+    so bytes are the cost; token ids fit uint16 or uint32, positions and
+    offsets int16, and a batch of five int64 ``[8, 2048]`` fields (655 KB,
+    ~1.2 ms) shrinks about 3x. ``tensors_from_numpy`` widens each back to its
+    dtype in the training process, so the batch is value- and dtype-identical
+    to ``collate``'s.
     """
-    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in collate(batch).items()}
+    out: dict[str, Any] = {}
+    widened = []
+    for key, value in collate(batch).items():
+        if isinstance(value, torch.Tensor):
+            value = value.numpy()
+            if value.dtype == np.int64:
+                narrow = _narrowest(value)
+                if narrow != value.dtype:
+                    value = value.astype(narrow)
+                    widened.append(key)
+        out[key] = value
+    out[_WIDENED] = tuple(widened)
+    return out
 
 
 def tensors_from_numpy(batch: Mapping[str, Any]) -> dict[str, Any]:
     """Undo ``collate_to_numpy``: the same keys, dtypes and values as ``collate`` returns."""
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    widened = batch.get(_WIDENED, ())
+    out = {}
+    for key, value in batch.items():
+        if key == _WIDENED:
+            continue
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value.astype(np.int64) if key in widened else value)
+        out[key] = value
+    return out
 
 
 class _PerSample(Dataset):

@@ -12,6 +12,7 @@ reference functions bit for bit.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from conformance.adapters.impl import build_packed_dataset, rows_from_batch
 from conformance.assertions import assert_equal, assert_raises_typed, check
 from impl.collation import collate, cu_seqlens, pad_stack_1d
 from impl.errors import ConfigError, StateError, TopologyError
-from impl.loader import ElasticLoader, build_dataloader
+from impl.loader import ElasticLoader, build_dataloader, collate_to_numpy, tensors_from_numpy
 from impl.partition import ElasticSampler, SampleKey, group_batch
 from reference import collation as ref_collation
 from reference.ordering import OrderingConfig
@@ -397,3 +398,33 @@ def test_batches_from_workers_have_the_same_keys_types_dtypes_and_values_as_from
                 assert_equal(a[key].tolist(), b[key].tolist(), clause="RES-5", what=key)
             else:
                 assert_equal(a[key], b[key], clause="RES-5", what=key)
+
+
+int64s = st.integers(-(2**63), 2**63 - 1)
+
+
+@pytest.mark.clause("COLL-8")
+@given(fields=st.dictionaries(st.sampled_from(["input_ids", "labels", "position_ids", "doc_ids", "token_offsets"]),
+                              st.lists(st.one_of(st.integers(-300, 70000), int64s), max_size=12), min_size=1),
+       max_seqlen=st.integers(0, 10))
+def test_a_batch_sent_from_a_worker_arrives_with_the_same_keys_dtypes_and_values(fields, max_seqlen):
+    """Workers narrow int64 fields for the pipe; the training process must see exactly what collate made."""
+    batch = {key: torch.tensor(values, dtype=torch.int64) for key, values in fields.items()}
+    batch["cu_seqlens"], batch["max_seqlen"] = torch.tensor([0, 3], dtype=torch.int32), max_seqlen
+    wire = pickle.loads(pickle.dumps(collate_to_numpy(batch)))
+    got = tensors_from_numpy(wire)
+    assert_equal(list(got), list(batch), clause="COLL-8", what="keys after the pipe")
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert_equal((got[key].dtype, got[key].tolist()), (value.dtype, value.tolist()), clause="COLL-8",
+                         what=f"{key} after the pipe")
+        else:
+            assert_equal(got[key], value, clause="COLL-8", what=f"{key} after the pipe")
+
+
+def test_workers_send_token_ids_in_fewer_bytes_than_int64():
+    batch = {"input_ids": torch.arange(50000, 50000 + 4096, dtype=torch.int64).reshape(2, 2048),
+             "labels": torch.full((2, 2048), -100, dtype=torch.int64)}
+    wire = collate_to_numpy(batch)
+    assert wire["input_ids"].dtype.itemsize == 2 and wire["labels"].dtype.itemsize == 1
+    assert len(pickle.dumps(wire)) < 4096 * 8 // 2

@@ -79,11 +79,13 @@ def ratios(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
             out[name] = (value, better)
 
     for shuffle in ("none", "global"):
-        raw = r.get(f"tput-raw-{shuffle}-w0")
+        raw, floor = r.get(f"tput-raw-{shuffle}-w0"), r.get(f"tput-floor-{shuffle}-w0")
         for w in (0, 2):
             impl = r.get(f"tput-impl-{shuffle}-w{w}")
             if impl and raw:
                 put(f"tput impl/raw ({shuffle}, {w} workers)", _ratio(impl.tokens_per_s, raw.tokens_per_s), "higher")
+            if impl and floor and w == 0:
+                put(f"tput impl/floor ({shuffle}, 0 workers)", _ratio(impl.tokens_per_s, floor.tokens_per_s), "higher")
     p0 = r.get("resume-impl-p00")
     for pos in ("p50", "p90"):
         p = r.get(f"resume-impl-{pos}")
@@ -158,10 +160,17 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         v = opens[big] / opens["S"] if "S" in opens else None
         out.append(("warm TokenStore.open independent of token count", shown,
                     f"{big}/S = {v:.2f}x" if v else "", (v <= 2.0) if v is not None and big != "S" else None))
-    raw, impl = r.get("tput-raw-none-w0"), r.get("tput-impl-none-w0")
-    if raw and impl and raw.tokens_per_s and impl.tokens_per_s:
-        v = impl.tokens_per_s / raw.tokens_per_s
-        out.append(("single-process packed throughput >= 50% of raw mmap gather",
-                    f"{v:.1%} ({impl.tokens_per_s / 1e6:.1f} M vs {raw.tokens_per_s / 1e6:.0f} M tokens/s)",
-                    "concat, no shuffle, batch 8", v >= TARGET_TPUT_FRACTION))
+    for shuffle in ("none", "global"):
+        raw, impl = r.get(f"tput-raw-{shuffle}-w0"), r.get(f"tput-impl-{shuffle}-w0")
+        floor = r.get(f"tput-floor-{shuffle}-w0")
+        if raw and impl and raw.tokens_per_s and impl.tokens_per_s:
+            v = impl.tokens_per_s / raw.tokens_per_s
+            note = f"concat, {shuffle} shuffle, batch 8"
+            if floor and floor.tokens_per_s:
+                note += (f"; the output's floor (four int64 fields written, nothing computed) is "
+                         f"{floor.tokens_per_s / raw.tokens_per_s:.0%} of raw, impl "
+                         f"{impl.tokens_per_s / floor.tokens_per_s:.1%} of the floor")
+            out.append((f"single-process packed throughput >= 50% of raw mmap gather ({shuffle})",
+                        f"{v:.1%} ({impl.tokens_per_s / 1e6:.1f} M vs {raw.tokens_per_s / 1e6:.0f} M tokens/s)",
+                        note, v >= TARGET_TPUT_FRACTION))
     return out

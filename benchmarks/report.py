@@ -109,14 +109,16 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
         for r in tp:
             limit = raw.get(r.extra.get("shuffle") or "none")
             frac = (r.tokens_per_s / limit.tokens_per_s) if limit and limit.tokens_per_s and r.tokens_per_s else None
-            shuffle = r.extra.get("shuffle") if r.extra["loader"] in ("impl", "raw") else ""
+            shuffle = r.extra.get("shuffle") if r.extra["loader"] in ("impl", "raw", "floor") else ""
             body.append([r.extra["loader"], shuffle, str(r.extra["workers"]), r.extra.get("unit", ""),
                          _rate(r.items_per_s, "/s"), _rate(r.tokens_per_s, " tok/s"),
                          f"{frac:.1%}" if frac is not None else "–"])
         lines += ["## Iteration throughput", "",
                   "impl: packed seq_len=2048 samples, batch 8; raw: the same token runs copied out of the mapped "
-                  "files (the limit); peers: documents, batch 32 (they do not pack). Fraction = tokens/s over raw "
-                  "(same shuffle).", ""]
+                  "files (the limit); floor: those copies into int64 plus one write of each of the other three "
+                  "int64 fields, nothing computed (the output's memory traffic: no loader producing the four "
+                  "int64 fields can beat it); peers: documents, batch 32 (they do not pack). Fraction = "
+                  "tokens/s over raw (same shuffle).", ""]
         lines += _table(["loader", "shuffle", "workers", "items", "items/s", "tokens/s", "of raw"], body)
     section("Packing modes", "packing", ["mode", "utilisation", "corpus tokens used", "samples/epoch", "samples/s",
                                          "tokens/s"],
@@ -180,8 +182,8 @@ def plot(data: dict, out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(8, 0.4 * len(tp) + 1.5))
         labels = [r.name.replace("tput-", "") for r in tp]
         vals = [r.tokens_per_s / 1e6 for r in tp]
-        colors = ["tab:gray" if r.extra["loader"] == "raw" else "tab:blue" if r.extra["loader"] == "impl"
-                  else "tab:orange" for r in tp]
+        palette = {"raw": "tab:gray", "floor": "tab:olive", "impl": "tab:blue"}
+        colors = [palette.get(r.extra["loader"], "tab:orange") for r in tp]
         ax.barh(labels, vals, color=colors)
         for s, style in (("none", "--"), ("global", ":")):
             raw = next((r for r in tp if r.name == f"tput-raw-{s}-w0"), None)
@@ -189,7 +191,7 @@ def plot(data: dict, out: Path) -> list[str]:
                 ax.axvline(raw.tokens_per_s / 1e6, color="k", linestyle=style, label=f"raw gather limit ({s})")
         ax.set_xscale("log")
         ax.set_xlabel("M tokens/s (log)")
-        ax.set_title("Iteration throughput vs the raw mmap gather (gray: limit, blue: impl, orange: peers)")
+        ax.set_title("Throughput vs the raw mmap gather (gray: limit, olive: output floor, blue: impl, orange: peers)")
         ax.invert_yaxis()
         ax.legend(fontsize=8, loc="lower right")
         fig.tight_layout()

@@ -61,12 +61,12 @@ class Resume:
 class Throughput:
     """Steady-state iteration of a fixed token budget from the epoch start."""
 
-    loader: str         # impl | raw | hf-numpy | hf-arrow | mosaicml | litdata | litdata-tokens
+    loader: str         # impl | raw | floor | hf-numpy | hf-arrow | mosaicml | litdata | litdata-tokens
     workers: int = 0
-    shuffle: str = "none"   # impl and raw only: "none" | "global"
+    shuffle: str = "none"   # impl, raw and floor only: "none" | "global"
 
     def __str__(self) -> str:
-        shuffle = f"-{self.shuffle}" if self.loader in ("impl", "raw") else ""
+        shuffle = f"-{self.shuffle}" if self.loader in ("impl", "raw", "floor") else ""
         return f"tput-{self.loader}{shuffle}-w{self.workers}"
 
 
@@ -106,8 +106,10 @@ BUILDS = (Build("impl"), Build("hf-map"))
 RESUME_LOADERS = ("impl", "hf-iterable", "hf-streaming", "hf-skip", "mosaicml", "litdata")
 RESUMES = tuple(Resume(loader, p) for loader in RESUME_LOADERS for p in POSITIONS)
 THROUGHPUTS = (
-    Throughput("raw", 0, "none"), Throughput("impl", 0, "none"), Throughput("impl", 2, "none"),
-    Throughput("raw", 0, "global"), Throughput("impl", 0, "global"), Throughput("impl", 2, "global"),
+    Throughput("raw", 0, "none"), Throughput("floor", 0, "none"), Throughput("impl", 0, "none"),
+    Throughput("impl", 2, "none"),
+    Throughput("raw", 0, "global"), Throughput("floor", 0, "global"), Throughput("impl", 0, "global"),
+    Throughput("impl", 2, "global"),
     Throughput("hf-numpy", 0), Throughput("hf-numpy", 2), Throughput("hf-arrow", 0),
     Throughput("mosaicml", 0), Throughput("mosaicml", 2),
     Throughput("litdata", 0), Throughput("litdata", 2),

@@ -104,7 +104,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     store = TokenStore.open(args.store, verify=args.verify)
     print(f"store {store.path}: {len(store)} documents, {store.num_tokens} tokens; files checked by "
-          f"{'full sha256' if args.verify else 'size and quick signature'}")
+          f"{'full sha256' if args.verify else 'size, and quick signatures as files are first read'}")
     ds = _dataset(args)
     total = ds.num_samples(args.epoch)
     worlds = [int(w) for w in args.world_sizes.split(",")]

@@ -441,14 +441,18 @@ class TokenStore:
         any of the file's tokens is returned, a changed file is refused just
         the same, and each process pays only for the files it reads.
         """
-        fp = os.path.join(self._root, rec.name)
-        where = f"token store {self._path}: file {rec.name}"
-        if os.path.basename(rec.name) != rec.name or not rec.name:
-            raise StoreCorruptError(f"{where}: invalid file name in {META_FILE}; {REBUILD_HINT}")
+        name = rec.name
+        fp = f"{self._root}/{name}"
+        if not name or "/" in name or name in (".", ".."):
+            raise StoreCorruptError(f"token store {self._path}: file {name}: invalid file name in {META_FILE}; "
+                                    f"{REBUILD_HINT}")
         try:
             st = os.stat(fp)
         except FileNotFoundError:
-            raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
+            raise StoreCorruptError(f"token store {self._path}: file {name} is missing; {REBUILD_HINT}") from None
+        if st.st_size == rec.size and not content:
+            return st
+        where = f"token store {self._path}: file {name}"
         if st.st_size < rec.size:
             raise StoreCorruptError(
                 f"{where} is truncated ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"

@@ -794,3 +794,14 @@ def test_file_lock_excludes_a_second_holder_until_released(tmp_path):
                 pass
     with file_lock(lock, timeout=0.1):
         pass
+
+
+@pytest.mark.parametrize("name", ["../tokens-00000.arrow", "sub/tokens-00000.arrow", "", ".."])
+def test_a_file_name_outside_the_store_directory_is_refused_at_open(tmp_path, small_store, name):
+    dst = tmp_path / "store"
+    shutil.copytree(small_store.path, dst)
+    meta = json.loads((dst / "meta.json").read_text())
+    meta["files"][0]["name"] = name
+    (dst / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreCorruptError, match="invalid file name in meta.json"):
+        TokenStore.open(dst)

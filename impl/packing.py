@@ -543,23 +543,38 @@ class TokenSource:
             got.append(values[k])
         return np.array(got, dtype=_I64)
 
-    def part_of(self, indices: np.ndarray) -> np.ndarray:
-        """The part holding each global token index (indices clipped into ``[0, total)`` first), int64."""
-        idx = np.minimum(np.maximum(np.asarray(indices, dtype=_I64), 0), max(int(self._part_starts[-1]) - 1, 0))
-        return np.searchsorted(self._part_starts, idx, side="right") - 1
+    def document_parts(self, doc_start: np.ndarray,
+                       length: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(part, its first, its last global token index)`` of each document; None if one spans parts.
 
-    def part_bounds(self, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(first, last)`` global token index of each part in ``parts``."""
-        q = np.asarray(parts, dtype=_I64)
-        return self._part_starts[q], self._part_starts[q + 1] - 1
+        Documents are given by their first global token index and length.
+
+        A document lies in part ``q`` when its tokens ``[start, start + length)``
+        fall inside the part's range; an empty document at a boundary belongs
+        to the part that begins there (it has no token to read). None means
+        some document spans parts (only a hand-built source can do that).
+
+        >>> src = TokenSource([np.array([5, 6, 7]), np.array([8, 9])], np.array([0, 2, 3, 5]))
+        >>> [a.tolist() for a in src.document_parts(np.array([3, 0, 5]), np.array([2, 2, 0]))]
+        [[1, 0, 1], [3, 0, 3], [4, 2, 4]]
+        >>> src.document_parts(np.array([2]), np.array([2])) is None   # tokens 2..3 straddle the parts
+        True
+        """
+        starts = self._part_starts
+        total = int(starts[-1])
+        q = np.searchsorted(starts, np.minimum(doc_start, max(total - 1, 0)), side="right") - 1
+        np.minimum(q, max(len(self._parts) - 1, 0), out=q)
+        if (doc_start + length > starts[q + 1]).any():
+            return None
+        return q, starts[q], starts[q + 1] - 1
 
     def take_runs(self, indices: np.ndarray, run_starts: np.ndarray, run_lengths: np.ndarray,
                   run_parts: np.ndarray) -> np.ndarray:
         """Tokens at part-local ``indices``, cut into runs each inside one part: one fancy index per part touched.
 
         Run ``r`` is ``indices[run_starts[r] : run_starts[r] + run_lengths[r]]``,
-        indices into part ``run_parts[r]`` (``part_bounds`` gives where parts
-        begin); the runs cover ``indices``. Returns the parts' dtype (callers
+        indices into part ``run_parts[r]`` (``document_parts`` gives where
+        parts begin); the runs cover ``indices``. Returns the parts' dtype (callers
         cast once, into their own output). Why: ``take`` finds the part of
         every index with a ``searchsorted`` and one mask per part, while here
         the runs (a batch's pieces) are reordered by part with a stable
@@ -672,6 +687,12 @@ def fill_pieces(doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, conf
             "token_offsets": offsets, "document_starts": seg[:-1].copy()}
 
 
+def _check_plan(plan: PackPlan, config: PackingConfig) -> None:
+    if plan.mode != config.mode or plan.seq_len != config.seq_len:
+        raise ConfigError(f"plan is for mode={plan.mode!r}, seq_len={plan.seq_len} but config has "
+                          f"mode={config.mode!r}, seq_len={config.seq_len}; compute the plan with this config")
+
+
 def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSource,
                 doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Sample ``i`` of ``plan``: ``reference.packing.fill(plan, documents, config)[i]`` as numpy arrays.
@@ -684,9 +705,7 @@ def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSour
 
     Clauses: PACK-3, PACK-4, PACK-5 (and the plan's clauses through ``plan``).
     """
-    require(plan.mode == config.mode and plan.seq_len == config.seq_len, ConfigError,
-            f"plan is for mode={plan.mode!r}, seq_len={plan.seq_len} but config has mode={config.mode!r}, "
-            f"seq_len={config.seq_len}; compute the plan with this config")
+    _check_plan(plan, config)
     pos, start, stop = plan.pieces(i)
     if doc_ids is None:
         docs = pos
@@ -798,9 +817,9 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     a = np.asarray(starts, dtype=_I64).reshape(-1)
     b = np.asarray(stops, dtype=_I64).reshape(-1)
     B, P = len(counts), len(docs)
-    require(int(counts.sum()) == P == len(a) == len(b), ConfigError,
-            f"counts sum to {int(counts.sum())} pieces but doc_ids/starts/stops hold {P}/{len(a)}/{len(b)}; "
-            "pass PackPlan.batch_pieces's arrays")
+    if not int(counts.sum()) == P == len(a) == len(b):
+        raise ConfigError(f"counts sum to {int(counts.sum())} pieces but doc_ids/starts/stops hold "
+                          f"{P}/{len(a)}/{len(b)}; pass PackPlan.batch_pieces's arrays")
     if P == 0:
         empty = _rows_block(B, config, padded=True)
         return _with_segments(empty) if segments else empty
@@ -816,8 +835,9 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     heads = seg[:-1]
     row_ptr = _exclusive_cumsum(counts)
     totals = seg[row_ptr[1:]] - seg[row_ptr[:-1]]
-    require(int(totals.max()) <= L, ConfigError,
-            f"a plan sample holds {int(totals.max())} positions but seq_len={L}; the plan is not for this config")
+    if int(totals.max()) > L:
+        raise ConfigError(f"a plan sample holds {int(totals.max())} positions but seq_len={L}; "
+                          "the plan is not for this config")
     T = int(seg[-1])
     full = T == B * L                                           # every row full (concat, chunk): compute in place
     out = _rows_block(B, config, padded=not full)
@@ -865,7 +885,11 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     # Trained: first <= offset < last, i.e. lead <= rel < tail; the rest of a piece is a head and a tail run.
     lead = np.minimum(np.maximum(first - first_offset, 0), widths)
     tail = np.maximum(np.minimum(last - first_offset, widths), lead)
-    labels[_ranges(np.concatenate((heads, heads + tail)), np.concatenate((lead, widths - tail)))] = IGNORE
+    cut = widths - tail
+    if int(lead.max()) == 0 and int(cut.max()) <= 1:     # stream modes: at most a piece's last position is masked
+        labels[(heads + tail)[cut > 0]] = IGNORE
+    else:
+        labels[_ranges(np.concatenate((heads, heads + tail)), np.concatenate((lead, cut)))] = IGNORE
     if inserts:
         at = heads[bos > 0]
         tokens[at] = config.bos_id
@@ -911,12 +935,11 @@ def _piece_parts(source: TokenSource, doc_start: np.ndarray,
     """
     P = len(doc_start)
     total = int(source.doc_offsets[-1])
-    zeros = np.zeros(P, dtype=_I64)
     if source.num_parts > 1:
-        q = source.part_of(np.concatenate((doc_start, doc_start + np.maximum(length, 1) - 1)))
-        if not (q[:P] != q[P:]).any():
-            lo, hi = source.part_bounds(q[:P])
-            return q[:P], lo, hi, True
+        found = source.document_parts(doc_start, length)
+        if found is not None:
+            return (*found, True)
+    zeros = np.zeros(P, dtype=_I64)
     return zeros, zeros, np.full(P, max(total - 1, 0), dtype=_I64), source.num_parts <= 1
 
 
@@ -942,9 +965,7 @@ def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], confi
     >>> rows["input_ids"].tolist(), rows["labels"][1].tolist()
     ([[5, 6, 7, 8], [1, 2, 3, 4], [0, 0, 0, 0]], [2, 3, -100, 5])
     """
-    require(plan.mode == config.mode and plan.seq_len == config.seq_len, ConfigError,
-            f"plan is for mode={plan.mode!r}, seq_len={plan.seq_len} but config has mode={config.mode!r}, "
-            f"seq_len={config.seq_len}; compute the plan with this config")
+    _check_plan(plan, config)
     counts, pos, start, stop = plan.batch_pieces(indices)
     if not len(pos) or doc_ids is None:
         docs = pos

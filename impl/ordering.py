@@ -41,6 +41,7 @@ Worked example (files of 3, 0 and 2 documents; the reference's own example)::
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -220,17 +221,24 @@ class EpochOrder:
         wanted = (lo,) if lo == hi else (lo, hi)
         if not streak and not all(b in self._blocks for b in wanted):
             return None
-        for b in wanted:
-            if b in self._blocks:
-                self._blocks.move_to_end(b)
-            else:
+        tables = []
+        for b in wanted:   # local references only: another thread may evict a block meanwhile
+            table = self._blocks.get(b)
+            if table is None:
                 start = b * BLOCK
-                self._blocks[b] = self._vector(np.arange(start, min(start + BLOCK, self.n), dtype=np.int64))
+                table = self._vector(np.arange(start, min(start + BLOCK, self.n), dtype=np.int64))
+                self._blocks[b] = table
                 while len(self._blocks) > BLOCKS_KEPT:
-                    self._blocks.popitem(last=False)
-        base = lo * BLOCK
-        table = self._blocks[lo] if lo == hi else np.concatenate((self._blocks[lo], self._blocks[hi]))
-        return table[pos - base]
+                    try:
+                        self._blocks.popitem(last=False)
+                    except KeyError:
+                        break
+            else:
+                with contextlib.suppress(KeyError):
+                    self._blocks.move_to_end(b)
+            tables.append(table)
+        table = tables[0] if lo == hi else np.concatenate(tables)
+        return table[pos - lo * BLOCK]
 
     def _scalar(self, pos: np.ndarray) -> np.ndarray:
         """Few positions: ``reference.rng``'s scalar Feistel network (the spec impl.rng mirrors bit for bit).

@@ -204,3 +204,26 @@ def test_a_sequential_reader_evaluates_each_block_once_and_a_random_reader_none(
     for p in np.random.default_rng(0).permutation(8000)[:200].tolist():   # isolated lookups: mostly scalar
         assert fresh(np.array([p])).tolist() == [expected[p]]
     assert len(evaluated) < 200 // 4, f"{len(evaluated)} of 200 random lookups evaluated a whole block"
+
+
+@pytest.mark.clause("ORD-9")
+def test_threads_sharing_one_order_get_the_reference_documents(monkeypatch):
+    """A dataset may be read from a thread pool (torchdata nodes); the block cache must stay correct."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sizes = [3000, 2000]
+    config = OrderingConfig(kind="global", seed=5)
+    expected = ro.epoch_order(sizes, config, 0)
+    monkeypatch.setattr(io, "BLOCK", 64)
+    order = io.EpochOrder(sizes, config, 0)
+
+    def reader(offset: int) -> bool:
+        ok = True
+        for start in range(offset, 5000, 40):
+            pos = np.arange(start, min(start + 20, 5000))
+            ok &= order(pos).tolist() == [expected[p] for p in pos.tolist()]
+        return ok
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(pool.map(reader, range(0, 40, 10)))
+    assert len(order._blocks) <= io.BLOCKS_KEPT + 4

@@ -30,16 +30,17 @@ starts with an inserted BOS (a continuation chunk under
 ``bos_on_continuation``), which offsets carry labels (``trained_offsets``,
 PACK-4/7/9/12/13), where BOS/EOS are added (PACK-1).
 
-Batches: ``materialize_batch(plan, indices, ...)`` returns ``[B, L]`` arrays
-equal to stacking ``materialize`` of each index (``-1``: the padding
-sample) in a number of numpy calls that does not grow with ``B``:
+Samples: ``materialize_batch(plan, indices, ...)`` returns ``[B, L]`` arrays,
+row r being the reference's sample ``indices[r]`` (``-1``: the padding
+sample), in a number of numpy calls that does not grow with ``B``:
 ``PackPlan.batch_pieces`` finds every row's pieces with one
 ``searchsorted`` (stream plans) or one gather of ``sample_ptr`` (bin
 plans), and ``fill_batch`` lays all pieces end to end on one flat grid, with
-one token gather per file touched (``TokenSource.take_runs``) and every
-per-piece event (BOS/EOS, continuation BOS, untrained runs) written at
-piece-level positions. This is the throughput path (``PackedDataset.
-__getitems__``); the per-sample functions stay as the readable statement.
+the tokens copied one slice per piece (batches spanning files) or gathered
+with one fancy index, and every per-piece event (BOS/EOS, continuation BOS,
+untrained runs) written at piece-level positions. ``materialize`` is the
+batch of one index: there is one fill, and the reference is its readable
+statement.
 
 Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 
@@ -63,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from impl.errors import ConfigError, require
+from impl.errors import ConfigError, is_integer, require
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig, Piece
 
 __all__ = [
@@ -75,7 +76,6 @@ __all__ = [
     "chunk_arrays",
     "materialize",
     "materialize_batch",
-    "fill_pieces",
     "fill_batch",
     "batch_cu_seqlens",
     "greedy_bins",
@@ -606,87 +606,6 @@ class TokenSource:
         return out
 
 
-# ------------------------------------------------------------------ the fill
-
-
-def fill_pieces(doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, config: PackingConfig,
-                source: TokenSource) -> dict[str, np.ndarray]:
-    """One sample from its pieces, as ``reference.packing.fill`` builds it (PACK-3, PACK-4, PACK-5).
-
-    ``doc_ids`` are global document ids (rows of ``source``); ``starts`` /
-    ``stops`` count prepared-document positions. Vectorised over the sample's
-    positions, whatever the number of pieces: one gather of the input tokens
-    (a label inside a piece is the next input) and one of each piece's token
-    after its stop (the label of a piece cut by the sample boundary in
-    concat/chunk). Returns int64 arrays of length L (``input_ids``,
-    ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``) and
-    ``document_starts`` (one entry per piece).
-
-    >>> src = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9]])
-    >>> s = fill_pieces(np.array([0, 1]), np.array([2, 0]), np.array([3, 2]), PackingConfig(seq_len=4, mode="greedy"), src)
-    >>> s["input_ids"].tolist(), s["labels"].tolist(), s["position_ids"].tolist(), s["token_offsets"].tolist()
-    ([3, 4, 5, 0], [-100, 5, -100, -100], [0, 0, 1, 0], [2, 0, 1, -1])
-    """
-    L = config.seq_len
-    ab, ae = int(config.add_bos), int(config.add_eos)
-    docs = np.asarray(doc_ids, dtype=_I64)
-    a = np.asarray(starts, dtype=_I64)
-    b = np.asarray(stops, dtype=_I64)
-    doc_start = source.doc_offsets[docs]
-    m = source.lengths[docs] + (ab + ae)                        # prepared lengths
-    inserts = config.splits and config.bos_on_continuation      # continuation BOS possible at all?
-    bos = (a > 0).astype(_I64) if inserts else 0
-    widths = b - a + bos
-    seg = np.zeros(len(docs) + 1, dtype=_I64)
-    np.cumsum(widths, out=seg[1:])
-    total = int(seg[-1])
-    require(total <= L, ConfigError, f"a plan sample holds {total} positions but seq_len={L}; the plan is not for this config")
-    if config.mode in STREAM_MODES:
-        first, last = a, np.minimum(b, m - 1)
-    else:
-        first, last = np.where(a > 0, a + max(0, config.stride - 1), 0), b - 1
-    limit = max(int(source.doc_offsets[-1]) - 1, 0)             # clip: BOS/EOS offsets point past raw tokens
-
-    def prepared_tokens(offset: np.ndarray, where: np.ndarray, prepared_len: np.ndarray) -> np.ndarray:
-        """Token at prepared ``offset`` of each piece's document (``where``: the piece's raw start - add_bos)."""
-        values = source.take(np.clip(offset + where, 0, limit))
-        if ab:
-            values[offset == 0] = config.bos_id
-        if ae:
-            values[offset == prepared_len - 1] = config.eos_id
-        return values
-
-    piece = np.repeat(np.arange(len(docs), dtype=_I64), widths)
-    rel = np.arange(total, dtype=_I64) - seg[:-1][piece]
-    offset = rel + (a - bos)[piece]                             # prepared offset (a - 1 at an inserted BOS)
-    m_t = m[piece]
-    tokens = prepared_tokens(offset, (doc_start - ab)[piece], m_t)
-    # The label of position j is the token at offset + 1: position j + 1's input inside a piece, and for a
-    # piece's last position (trained only in concat/chunk, when the sample cuts the document) d[stop].
-    following = np.empty(total, dtype=_I64)
-    following[:-1] = tokens[1:]
-    ends = seg[1:] - 1
-    following[ends] = prepared_tokens(b, doc_start - ab, m)
-    trained = (offset >= first[piece]) & (offset < last[piece])  # an inserted BOS (a - 1 < first) never is
-    if inserts:
-        inserted = (rel == 0) & (bos[piece] == 1)
-        tokens[inserted] = config.bos_id
-        offset[inserted] = NO_OFFSET
-
-    input_ids = np.full(L, config.pad_id, dtype=_I64)
-    labels = np.full(L, IGNORE, dtype=_I64)
-    position_ids = np.zeros(L, dtype=_I64)
-    out_docs = np.full(L, NO_DOC, dtype=_I64)
-    offsets = np.full(L, NO_OFFSET, dtype=_I64)
-    input_ids[:total] = tokens
-    labels[:total] = np.where(trained, following, IGNORE)
-    position_ids[:total] = rel
-    out_docs[:total] = docs[piece]
-    offsets[:total] = offset
-    return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "doc_ids": out_docs,
-            "token_offsets": offsets, "document_starts": seg[:-1].copy()}
-
-
 def _check_plan(plan: PackPlan, config: PackingConfig) -> None:
     if plan.mode != config.mode or plan.seq_len != config.seq_len:
         raise ConfigError(f"plan is for mode={plan.mode!r}, seq_len={plan.seq_len} but config has "
@@ -701,19 +620,27 @@ def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSour
     of ``source``): a callable such as ``impl.ordering.EpochOrder``, an array
     (``doc_ids[position]``), or None when positions are document ids. The
     output's ``doc_ids`` field holds those ids, as ``fill`` reports the
-    document's id. Cost O(log documents + pieces + L), independent of ``i``.
+    document's id. Returns int64 arrays of length L (``input_ids``,
+    ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``) and
+    ``document_starts`` (where each piece begins). Cost O(log documents +
+    pieces + L), independent of ``i``: it is ``materialize_batch`` of the one
+    index, so the single-sample and the batched paths are one computation.
 
     Clauses: PACK-3, PACK-4, PACK-5 (and the plan's clauses through ``plan``).
+
+    >>> src = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    >>> cfg = PackingConfig(seq_len=4, mode="greedy")
+    >>> s = materialize(pack_plan([3, 6], cfg), 2, cfg, src)
+    >>> s["input_ids"].tolist(), s["labels"].tolist(), s["position_ids"].tolist(), s["document_starts"].tolist()
+    ([8, 9, 0, 0], [9, -100, -100, -100], [0, 1, 0, 0], [0])
     """
     _check_plan(plan, config)
-    pos, start, stop = plan.pieces(i)
-    if doc_ids is None:
-        docs = pos
-    elif callable(doc_ids):
-        docs = doc_ids(pos)
-    else:
-        docs = np.asarray(doc_ids)[pos]
-    return fill_pieces(docs, start, stop, config, source)
+    if not (is_integer(i) and 0 <= i < plan.num_samples):
+        raise ConfigError(f"sample index {i} outside the plan's {plan.num_samples} samples")
+    rows = materialize_batch(plan, np.array([i], dtype=_I64), config, source, doc_ids)
+    out = {name: values[0] for name, values in rows.items()}
+    out["document_starts"] = np.flatnonzero((out["position_ids"] == 0) & (out["doc_ids"] != NO_DOC))
+    return out
 
 
 # ------------------------------------------------------------------ the batched fill
@@ -784,13 +711,13 @@ def _with_segments(out: dict[str, Any], heads: np.ndarray | None = None, widths:
 
 def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, config: PackingConfig,
                source: TokenSource, *, segments: bool = False) -> dict[str, np.ndarray]:
-    """Rows of samples from their pieces: ``fill_pieces`` of each row, stacked, with no Python work per row or piece.
+    """Rows of samples from their pieces, as ``reference.packing.fill`` builds them, with no Python work per row or piece.
 
     Row ``r`` holds the next ``counts[r]`` pieces of ``(doc_ids, starts,
     stops)`` (``PackPlan.batch_pieces``'s layout; a row with no piece is the
     padding sample). Returns int64 ``[rows, seq_len]`` arrays ``input_ids``,
     ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``, equal to
-    stacking ``fill_pieces`` of each row (without ``document_starts``).
+    the reference's samples stacked (without ``document_starts``).
     With ``segments``, also ``cu_seqlens`` (int32) and ``max_seqlen``, as
     ``batch_cu_seqlens(position_ids)`` gives them.
 
@@ -948,9 +875,9 @@ def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], confi
                       segments: bool = False) -> dict[str, np.ndarray]:
     """Samples ``indices`` of ``plan`` (``-1``: the padding sample) as int64 ``[len(indices), seq_len]`` arrays.
 
-    Equal, field for field, to stacking ``materialize(plan, i, config,
-    source, doc_ids)`` for each ``i`` (the padding sample for ``-1``,
-    ``reference.resume.padding_sample``), in a number of numpy calls that
+    Equal, field for field, to stacking the reference's samples ``i`` (the
+    padding sample for ``-1``, ``reference.resume.padding_sample``), in a
+    number of numpy calls that
     does not grow with the batch: one ``PackPlan.batch_pieces``, one
     ``doc_ids`` lookup of every piece's position, one ``fill_batch``.
     Keys: ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,

@@ -1,11 +1,11 @@
 """The batched sample path: ``materialize_batch``, ``PackedDataset.__getitems__`` / ``samples``, ``collate``'s pass-through.
 
-The per-sample path (``materialize``, ``PackedDataset.__getitem__``) is
-checked against the reference in ``test_packing.py`` and ``test_dataset.py``;
-here the batched path must equal it bit for bit: ``materialize_batch`` of
-any index list equals stacking ``materialize`` of each index (every mode and
-option, token sources of one part or several, documents spanning parts or
-not), ``__getitems__`` of any key list (random order, repeats, mixed epochs,
+``materialize_batch`` of any index list must equal the reference's samples
+at those indices, stacked, bit for bit (every mode and option, token sources
+of one part or several, documents spanning parts or not, both ways of
+reading tokens); ``materialize`` and ``PackedDataset.__getitem__`` (a batch
+of one) are checked against the reference in ``test_packing.py`` and
+``test_dataset.py``. ``__getitems__`` of any key list (random order, repeats, mixed epochs,
 padding keys, plain ints) equals ``collate`` of ``__getitem__`` of each key
 (same keys, dtypes, shapes, values), and a loader built with the fast path
 yields the same batches as one without it.
@@ -32,6 +32,7 @@ from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError
 from impl.loader import build_dataloader
 from reference.ordering import OrderingConfig
+from reference import packing as rp
 from reference.packing import PackingConfig
 from reference.resume import PipelineConfig, padding_sample
 
@@ -59,8 +60,12 @@ def split_source(documents: list[list[int]], cuts: list[int], dtype=np.uint32) -
     return ip.TokenSource([flat[x:y] for x, y in pairwise(bounds)], offsets)
 
 
-def stacked(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {name: np.stack([r[name] for r in rows]) for name in FIELDS}
+def reference_rows(documents: list[list[int]], config: PackingConfig, indices: list[int]) -> dict[str, np.ndarray]:
+    """The reference's samples ``indices`` (``-1``: padding) stacked as int64 ``[len(indices), seq_len]`` arrays."""
+    samples = rp.fill(rp.pack_plan([len(d) for d in documents], config), list(enumerate(documents)), config)
+    rows = [samples[i] if i >= 0 else padding_sample(config) for i in indices]
+    return {name: np.array([getattr(r, name) for r in rows], dtype=np.int64).reshape(len(rows), config.seq_len)
+            for name in FIELDS}
 
 
 def assert_same_batch(got, expected, *, clause: str, what: str, repro) -> None:
@@ -78,13 +83,13 @@ def assert_same_batch(got, expected, *, clause: str, what: str, repro) -> None:
             assert_equal((type(g), g), (type(e), e), clause=clause, what=f"{what} {key}", repro=repro)
 
 
-# ------------------------------------------------------------------ materialize_batch == stacked materialize
+# ------------------------------------------------------------------ materialize_batch == the reference
 
 
 @pytest.mark.clause("PACK-20", "PACK-3", "PACK-4", "PACK-5")
 @settings(max_examples=120)
 @given(corpus=ls.corpora(), config=ls.packing_configs(), data=st.data())
-def test_materialize_batch_equals_stacked_materialize_for_every_mode_option_and_token_source(corpus, config, data):
+def test_materialize_batch_equals_the_reference_samples_for_every_mode_option_and_token_source(corpus, config, data):
     docs = unique_tokens(corpus)
     plan = ip.pack_plan([len(d) for d in docs], config)
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
@@ -104,23 +109,20 @@ def test_materialize_batch_equals_stacked_materialize_for_every_mode_option_and_
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ip, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
         got = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, doc_ids)
-    pad = padding_sample(config)
-    rows = [ip.materialize(plan, i, config, source, doc_ids) if i >= 0 else
-            {name: np.asarray(getattr(pad, name), dtype=np.int64) for name in FIELDS} for i in indices]
+    expected = reference_rows(docs, config, indices)
     rep = {"corpus": corpus, "config": config, "source": kind, "indices": indices, "path": path}
     assert_equal(list(got), list(FIELDS), clause="PACK-20", what="materialize_batch keys", repro=rep)
     for name in FIELDS:
         assert_equal((got[name].dtype, got[name].shape), (np.dtype(np.int64), (len(indices), config.seq_len)),
                      clause="PACK-20", what=f"{name} dtype/shape", repro=rep)
-        if rows:
-            assert_equal(got[name].tolist(), stacked(rows)[name].tolist(), clause="PACK-20", what=f"batched {name}",
-                         repro=rep)
+        assert_equal(got[name].tolist(), expected[name].tolist(), clause="PACK-20", what=f"batched {name}",
+                     repro=rep)
 
 
 @pytest.mark.clause("PACK-20", "PACK-3")
 @pytest.mark.parametrize("mode", ["concat", "chunk", "greedy", "none"])
 @pytest.mark.parametrize("path", ["slices", "fancy index"])
-def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_single_sample_path(mode, path, monkeypatch):
+def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_reference(mode, path, monkeypatch):
     docs = [[10 + i * 10 + k for k in range(n)] for i, n in enumerate([5, 1, 0, 7, 3, 9])]
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum([len(d) for d in docs], out=offsets[1:])
@@ -130,7 +132,7 @@ def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_single_sample
     monkeypatch.setattr(ip, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
     indices = list(range(plan.num_samples))
     got = ip.materialize_batch(plan, indices, config, source)
-    expected = stacked([ip.materialize(plan, i, config, source) for i in indices])
+    expected = reference_rows(docs, config, indices)
     for name in FIELDS:
         assert_equal(got[name].tolist(), expected[name].tolist(), clause="PACK-20", what=f"{mode} {name} via {path}")
 

@@ -823,9 +823,13 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
         offset[at] = NO_OFFSET
     out_docs[:] = np.repeat(docs, widths)
     if not full:
-        dest = np.flatnonzero(_arange(L) < totals[:, None])
-        for name, values in zip(BATCH_FIELDS, (tokens, labels, rel, out_docs, offset)):
-            out[name].reshape(-1)[dest] = values
+        if B == 1:      # one row (``materialize``): its positions are the row's first T
+            for name, values in zip(BATCH_FIELDS, (tokens, labels, rel, out_docs, offset)):
+                out[name][0, :T] = values
+        else:
+            dest = np.flatnonzero(_arange(L) < totals[:, None])
+            for name, values in zip(BATCH_FIELDS, (tokens, labels, rel, out_docs, offset)):
+                out[name].reshape(-1)[dest] = values
     if segments:
         return _with_segments(out, heads, widths) if full else _with_segments(out)
     return out

@@ -104,18 +104,21 @@ def sample_runs(dataset, epoch: int, indices: range, file_token_starts: list[int
     return runs_per_sample
 
 
+def _copy_batch(out: np.ndarray, files: list[np.ndarray], batch: list[list[tuple[int, int, int]]]) -> int:
+    """Copy each row's token runs into ``out[row]`` (``[B, seq_len]``); tokens copied."""
+    total = 0
+    for row, runs in enumerate(batch):
+        at = 0
+        for f, a, b in runs:
+            out[row, at:at + b - a] = files[f][a:b]
+            at += b - a
+        total += at
+    return total
+
+
 def raw_gather(files: list[np.ndarray], batches: list[list[list[tuple[int, int, int]]]], seq_len: int) -> int:
     """Copy every batch's token runs out of the mapped files into a fresh ``[B, seq_len]`` buffer; tokens copied."""
-    total = 0
-    for batch in batches:
-        out = np.empty((len(batch), seq_len), dtype=files[0].dtype)
-        for row, runs in enumerate(batch):
-            at = 0
-            for f, a, b in runs:
-                out[row, at:at + b - a] = files[f][a:b]
-                at += b - a
-            total += at
-    return total
+    return sum(_copy_batch(np.empty((len(batch), seq_len), dtype=files[0].dtype), files, batch) for batch in batches)
 
 
 def floor_gather(files: list[np.ndarray], batches: list[list[list[tuple[int, int, int]]]], seq_len: int) -> int:
@@ -134,12 +137,7 @@ def floor_gather(files: list[np.ndarray], batches: list[list[list[tuple[int, int
     for batch in batches:
         out = np.empty((4, len(batch), seq_len), dtype=np.int64)
         ids, labels, pos, docs = out
-        for row, runs in enumerate(batch):
-            at = 0
-            for f, a, b in runs:
-                ids[row, at:at + b - a] = files[f][a:b]
-                at += b - a
-            total += at
+        total += _copy_batch(ids, files, batch)
         labels[:, :-1] = ids[:, 1:]
         labels[:, -1] = -100
         pos[:] = positions

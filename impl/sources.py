@@ -157,6 +157,40 @@ def _batched(it: Iterator[Any], n: int) -> Iterator[list[Any]]:
         yield chunk
 
 
+def _jsonl_texts(lines: Iterator[str], where: str, text_field: str) -> Iterator[str]:
+    """Field ``text_field`` of each JSON Lines record, in order; a bad record is a SourceError naming its line."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue  # a blank line is not a JSON record (not an empty document)
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SourceError(f"{where}:{lineno}: not valid JSON ({exc}): fix the line; one JSON object a line") from exc
+        if not isinstance(obj, dict) or text_field not in obj:
+            keys = obj.keys() if isinstance(obj, dict) else []
+            raise SourceError(
+                f"{where}:{lineno}: record has no field {text_field!r} (fields: {sorted(keys)}): "
+                "pass text_field=<one of them>"
+            )
+        value = obj[text_field]
+        if not isinstance(value, str):
+            raise SourceError(
+                f"{where}:{lineno}: field {text_field!r} is {type(value).__name__}, not a string: fix the "
+                "record (use '' for an empty document)"
+            )
+        yield value
+
+
+def _txt_lines(lines: Iterator[str]) -> Iterator[str]:
+    """Each line without its line ending (``\n`` or ``\r\n``): one document a line."""
+    for line in lines:
+        if line.endswith("\n"):
+            line = line[:-1]
+        if line.endswith("\r"):
+            line = line[:-1]
+        yield line
+
+
 def _open_text(path: Path):
     if path.name.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", newline="\n")
@@ -216,46 +250,10 @@ def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
                     yield col.slice(s, _TEXT_BATCH).to_pylist()
     elif kind == "jsonl":
         with _open_text(path) as f:
-            texts: list[str] = []
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue  # a blank line is not a JSON record (not an empty document)
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SourceError(f"{where}:{lineno}: not valid JSON ({exc}): fix the line; one JSON object a line") from exc
-                if not isinstance(obj, dict) or text_field not in obj:
-                    keys = obj.keys() if isinstance(obj, dict) else []
-                    raise SourceError(
-                        f"{where}:{lineno}: record has no field {text_field!r} (fields: {sorted(keys)}): "
-                        "pass text_field=<one of them>"
-                    )
-                value = obj[text_field]
-                if not isinstance(value, str):
-                    raise SourceError(
-                        f"{where}:{lineno}: field {text_field!r} is {type(value).__name__}, not a string: fix the "
-                        "record (use '' for an empty document)"
-                    )
-                texts.append(value)
-                if len(texts) >= _TEXT_BATCH:
-                    yield texts
-                    texts = []
-            if texts:
-                yield texts
+            yield from _batched(_jsonl_texts(f, where, text_field), _TEXT_BATCH)
     elif kind == "txt":
         with _open_text(path) as f:
-            texts = []
-            for line in f:
-                if line.endswith("\n"):
-                    line = line[:-1]
-                if line.endswith("\r"):
-                    line = line[:-1]
-                texts.append(line)
-                if len(texts) >= _TEXT_BATCH:
-                    yield texts
-                    texts = []
-            if texts:
-                yield texts
+            yield from _batched(_txt_lines(f), _TEXT_BATCH)
     else:
         raise SourceError(
             f"{where}: unknown file kind; supported: .parquet, .arrow, .jsonl/.ndjson/.json (JSON Lines), .txt "

@@ -432,7 +432,11 @@ class TokenStore:
                     mapped = self._mapped[f] = self._map_file(self._records[f])
         return mapped
 
-    def _check_file(self, rec: FileRecord, *, content: bool) -> os.stat_result:
+    def _where(self, name: str) -> str:
+        """How errors name a token file: the store and the file."""
+        return f"token store {self._path}: file {name}"
+
+    def _check_file(self, rec: FileRecord, *, content: bool) -> None:
         """Present with the recorded size (``open``); with ``content``, also the recorded quick signature (first map).
 
         Why the signature waits for the first map: it reads 128 KiB per
@@ -444,15 +448,14 @@ class TokenStore:
         name = rec.name
         fp = f"{self._root}/{name}"
         if not name or "/" in name or name in (".", ".."):
-            raise StoreCorruptError(f"token store {self._path}: file {name}: invalid file name in {META_FILE}; "
-                                    f"{REBUILD_HINT}")
+            raise StoreCorruptError(f"{self._where(name)}: invalid file name in {META_FILE}; {REBUILD_HINT}")
         try:
             st = os.stat(fp)
         except FileNotFoundError:
-            raise StoreCorruptError(f"token store {self._path}: file {name} is missing; {REBUILD_HINT}") from None
+            raise StoreCorruptError(f"{self._where(name)} is missing; {REBUILD_HINT}") from None
         if st.st_size == rec.size and not content:
-            return st
-        where = f"token store {self._path}: file {name}"
+            return
+        where = self._where(name)
         if st.st_size < rec.size:
             raise StoreCorruptError(
                 f"{where} is truncated ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
@@ -466,11 +469,10 @@ class TokenStore:
                 f"{where} changed since it was built (its first/last {QUICK_SIGNATURE_BYTES // 1024} KiB differ "
                 f"from the recorded signature); {REBUILD_HINT}"
             )
-        return st
 
     def _map_file(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
         fp = self._path / rec.name
-        where = f"token store {self._path}: file {rec.name}"
+        where = self._where(rec.name)
         self._check_file(rec, content=True)
         try:
             with pa.memory_map(str(fp), "r") as mm:
@@ -940,22 +942,22 @@ class TokenStore:
 
         Raises :class:`StoreCorruptError` naming the first bad file. Use after
         copying a store between machines or when a silent edit is suspected;
-        :meth:`open` alone only checks sizes and the bounded quick signatures.
+        :meth:`open` alone only checks sizes, and a file's first read its bounded quick signature.
         """
         for rec, offsets in zip(self._records, self._offsets):
             fp = self._path / rec.name
             try:
                 digest = sha256_file(fp)
             except FileNotFoundError:
-                raise StoreCorruptError(f"token store {self._path}: file {rec.name} is missing; {REBUILD_HINT}") from None
+                raise StoreCorruptError(f"{self._where(rec.name)} is missing; {REBUILD_HINT}") from None
             if digest != rec.sha256:
                 raise StoreCorruptError(
-                    f"token store {self._path}: file {rec.name} changed since it was built (sha256 {digest[:16]}..., "
+                    f"{self._where(rec.name)} changed since it was built (sha256 {digest[:16]}..., "
                     f"recorded {rec.sha256[:16]}...); {REBUILD_HINT}"
                 )
             if len(offsets) > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
                 raise StoreCorruptError(
-                    f"token store {self._path}: file {rec.name} has decreasing document offsets; {REBUILD_HINT}"
+                    f"{self._where(rec.name)} has decreasing document offsets; {REBUILD_HINT}"
                 )
         t = self._meta["tokenizer"]
         expected = _content_fingerprint([r.sha256 for r in self._records], self._meta["dtype"], t.get("sha256", ""),

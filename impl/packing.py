@@ -300,10 +300,14 @@ class PackPlan:
         sizes = ", ".join(f"{k}[{len(v)}]" for k, v in self.arrays.items())
         return f"PackPlan(mode={self.mode!r}, seq_len={self.seq_len}, samples={self.num_samples}, {sizes})"
 
+    def check_index(self, i: Any) -> None:
+        """ConfigError unless ``i`` is an integer sample index of this plan."""
+        if not (is_integer(i) and 0 <= i < self.num_samples):
+            raise ConfigError(f"sample index {i} outside the plan's {self.num_samples} samples")
+
     def pieces(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sample ``i``'s pieces as ``(input positions, starts, stops)``, int64, in input order."""
-        require(0 <= i < self.num_samples, ConfigError,
-                f"sample index {i} outside the plan's {self.num_samples} samples")
+        self.check_index(i)
         if self.mode in STREAM_MODES:
             cum, kept = self.arrays["cum"], self.arrays["kept"]
             lo = i * self._hop
@@ -635,8 +639,7 @@ def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSour
     ([8, 9, 0, 0], [9, -100, -100, -100], [0, 1, 0, 0], [0])
     """
     _check_plan(plan, config)
-    if not (is_integer(i) and 0 <= i < plan.num_samples):
-        raise ConfigError(f"sample index {i} outside the plan's {plan.num_samples} samples")
+    plan.check_index(i)
     rows = materialize_batch(plan, np.array([i], dtype=_I64), config, source, doc_ids)
     out = {name: values[0] for name, values in rows.items()}
     out["document_starts"] = np.flatnonzero((out["position_ids"] == 0) & (out["doc_ids"] != NO_DOC))
@@ -789,11 +792,12 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
             r = at_offset - first_offset
             hit = np.flatnonzero((r >= 0) & (r < widths))
             edges.append(heads[hit] + r[hit])
-    if local and source.num_parts and T >= SLICE_MIN_WIDTH * P and (part != part[0]).any():
+    spans_parts = source.num_parts > 1 and bool((part != part[0]).any())
+    if local and spans_parts and T >= SLICE_MIN_WIDTH * P:
         doc_lo = doc_start - part_lo
         after = source.copy_runs(tokens, part, raw_base + first_offset, heads, widths, doc_lo, doc_lo + length, after_idx)
     else:
-        values = _gather(source, part, local, offset, raw_base, after_idx, heads, widths, edges)
+        values = _gather(source, part, local, spans_parts, offset, raw_base, after_idx, heads, widths, edges)
         tokens[:] = values[:T]
         after = values[T:].astype(_I64)
     if ab:
@@ -835,8 +839,9 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     return out
 
 
-def _gather(source: TokenSource, part: np.ndarray, local: bool, offset: np.ndarray, raw_base: np.ndarray,
-            after_idx: np.ndarray, heads: np.ndarray, widths: np.ndarray, edges: list[np.ndarray]) -> np.ndarray:
+def _gather(source: TokenSource, part: np.ndarray, local: bool, spans_parts: bool, offset: np.ndarray,
+            raw_base: np.ndarray, after_idx: np.ndarray, heads: np.ndarray, widths: np.ndarray,
+            edges: list[np.ndarray]) -> np.ndarray:
     """Every position's raw token, then each piece's token after its stop, by fancy indexing (``fill_batch``'s short-piece path).
 
     Why a second way to read tokens: with short pieces (a few tokens each)
@@ -850,7 +855,7 @@ def _gather(source: TokenSource, part: np.ndarray, local: bool, offset: np.ndarr
         idx[at] = 0
     if not local:          # a document spans parts (hand-built sources only): global indices
         return source.take(idx)
-    if source.num_parts > 1 and (part != part[0]).any():
+    if spans_parts:
         return source.take_runs(idx, np.concatenate((heads, T + _arange(P))),
                                 np.concatenate((widths, np.ones(P, dtype=_I64))), np.concatenate((part, part)))
     return source.take_runs(idx, heads[:1], np.array([T + P]), part[:1])   # one part holds the batch: one fancy index

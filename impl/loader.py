@@ -186,7 +186,8 @@ class ElasticLoader:
                 f"epoch={self._epoch}, consumed={self._consumed})")
 
 
-_WIRE_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32))
+_WIRE_DTYPES = tuple((np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max))
+                     for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32))
 _WIDENED = "__loadspec_widen__"
 
 
@@ -195,9 +196,8 @@ def _narrowest(values: np.ndarray) -> np.dtype:
     if not values.size:
         return values.dtype
     lo, hi = int(values.min()), int(values.max())
-    for dtype in _WIRE_DTYPES:
-        info = np.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
+    for dtype, smallest, largest in _WIRE_DTYPES:
+        if smallest <= lo and hi <= largest:
             return dtype
     return values.dtype
 

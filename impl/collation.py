@@ -32,12 +32,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from impl.errors import ConfigError, is_int, require
 from reference.collation import SIDES
 
-__all__ = ["collate", "cu_seqlens", "pad_stack_1d"]
+__all__ = ["batch_cu_seqlens", "collate", "cu_seqlens", "pad_stack_1d"]
 
 
 def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: int | float, *, side: str = "right",
@@ -73,6 +74,26 @@ def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: int |
     return out
 
 
+def batch_cu_seqlens(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """``cu_seqlens`` in numpy: int32 segment starts over the flattened ``[B, L]`` batch, plus the end.
+
+    The one implementation: ``cu_seqlens`` wraps it for torch tensors, and
+    the batched dataset path calls it on numpy rows before any tensor exists.
+
+    >>> batch_cu_seqlens(np.array([[0, 1, 2, 0], [5, 6, 0, 1]]))
+    (array([0, 3, 4, 6, 8], dtype=int32), 3)
+    """
+    rows, length = position_ids.shape
+    starts = position_ids == 0
+    if length:
+        starts[:, 0] = True
+    idx = np.flatnonzero(starts)
+    cu = np.empty(len(idx) + 1, dtype=np.int32)
+    cu[:-1] = idx
+    cu[-1] = rows * length
+    return cu, (int(np.diff(cu).max()) if len(cu) > 1 else 0)
+
+
 def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Varlen boundaries of a ``[B, L]`` batch flattened to ``B*L`` tokens, and the longest segment (COLL-8).
 
@@ -85,14 +106,8 @@ def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """
     require(position_ids.dim() == 2, ConfigError,
             f"position_ids has shape {tuple(position_ids.shape)}; pass a [batch, seq_len] tensor")
-    rows, length = position_ids.shape
-    starts = position_ids == 0
-    if length:
-        starts[:, 0] = True
-    idx = torch.nonzero(starts.reshape(-1), as_tuple=True)[0]
-    cu = torch.cat([idx, torch.tensor([rows * length])]).to(torch.int32)
-    max_seqlen = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
-    return cu, max_seqlen
+    cu, max_seqlen = batch_cu_seqlens(position_ids.numpy())
+    return torch.from_numpy(cu), max_seqlen
 
 
 def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:

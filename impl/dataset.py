@@ -62,6 +62,7 @@ import torch
 from torch.utils.data import Dataset
 
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
+from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, EmptyDataError, is_integer, require
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import (
@@ -69,7 +70,6 @@ from impl.packing import (
     STREAM_FIELDS,
     PackPlan,
     TokenSource,
-    batch_cu_seqlens,
     kept_lengths,
     materialize,
     materialize_batch,

@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, is_integer, require
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig, Piece
 
@@ -77,7 +78,6 @@ __all__ = [
     "materialize",
     "materialize_batch",
     "fill_batch",
-    "batch_cu_seqlens",
     "greedy_bins",
     "first_fit_bins",
     "best_fit_bins",
@@ -676,23 +676,6 @@ def _arange(n: int) -> np.ndarray:
         grown.setflags(write=False)
         _ARANGE = grown
     return _ARANGE[:n]
-
-
-def batch_cu_seqlens(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """``impl.collation.cu_seqlens`` in numpy: int32 segment starts over the flattened ``[B, L]`` batch, plus the end.
-
-    >>> batch_cu_seqlens(np.array([[0, 1, 2, 0], [5, 6, 0, 1]]))
-    (array([0, 3, 4, 6, 8], dtype=int32), 3)
-    """
-    rows, length = position_ids.shape
-    starts = position_ids == 0
-    if length:
-        starts[:, 0] = True
-    idx = np.flatnonzero(starts)
-    cu = np.empty(len(idx) + 1, dtype=np.int32)
-    cu[:-1] = idx
-    cu[-1] = rows * length
-    return cu, (int(np.diff(cu).max()) if len(cu) > 1 else 0)
 
 
 def _with_segments(out: dict[str, Any], heads: np.ndarray | None = None, widths: np.ndarray | None = None) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed, check
 from conformance.impl_tests.test_dataset import CAPABILITIES, make_store
 from impl import packing as ip
-from impl.collation import collate
+from impl.collation import batch_cu_seqlens, collate
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError
 from impl.loader import build_dataloader
@@ -146,7 +146,7 @@ def test_segments_from_the_pieces_equal_cu_seqlens_of_the_position_ids(corpus, c
     indices = data.draw(st.lists(st.integers(-1, plan.num_samples - 1), max_size=12), label="indices")
     source = ip.TokenSource.from_documents(docs)
     got = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, segments=True)
-    cu, max_seqlen = ip.batch_cu_seqlens(got["position_ids"])
+    cu, max_seqlen = batch_cu_seqlens(got["position_ids"])
     rep = {"corpus": corpus, "config": config, "indices": indices}
     assert_equal(got["cu_seqlens"].dtype, np.dtype(np.int32), clause="COLL-8", what="cu_seqlens dtype", repro=rep)
     assert_equal((got["cu_seqlens"].tolist(), got["max_seqlen"]), (cu.tolist(), max_seqlen), clause="COLL-8",

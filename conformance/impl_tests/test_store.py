@@ -24,6 +24,7 @@ import pyarrow as pa
 import pytest
 
 from fixtures import generators
+from impl import build as build_module
 from impl import store as store_module
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl.errors import (
@@ -634,7 +635,7 @@ def test_a_crash_mid_build_leaves_nothing_open_trusts_and_a_rebuild_succeeds(tmp
         written.append(tmp_dir / record["name"])
         raise RuntimeError("simulated crash mid-build")
 
-    monkeypatch.setattr(store_module, "_on_file_written", crash_after_first_file)
+    monkeypatch.setattr(build_module, "_on_file_written", crash_after_first_file)
     with pytest.raises(RuntimeError, match="simulated crash"):
         TokenStore.build(docs, tok, out, num_proc=1, docs_per_file=7, progress=False)
     assert written and not out.exists() and leftovers(out) == []
@@ -654,7 +655,7 @@ def test_a_crash_mid_build_leaves_nothing_open_trusts_and_a_rebuild_succeeds(tmp
 
 
 def _killed_build_child(source: str, tokenizer_dir: str, out_dir: str) -> None:
-    import impl.store as st
+    import impl.build as st
 
     def die(tmp_dir, record):
         os._exit(17)  # no cleanup runs: like a SIGKILL or a power cut
@@ -683,7 +684,7 @@ def test_a_killed_builder_leaves_only_an_untrusted_temp_dir_that_the_next_build_
 
 
 def _concurrent_build_child(source: str, tokenizer_dir: str, out_dir: str, result: str) -> None:
-    import impl.store as st
+    import impl.build as st
 
     st._on_file_written = lambda tmp_dir, record: time.sleep(0.2)  # widen the race window
     store = st.TokenStore.build(Path(source), tokenizer_dir, out_dir, num_proc=1, docs_per_file=10,

@@ -10,12 +10,12 @@ FIND_LINKS := $(if $(wildcard /opt/wheels/torch-2.13.0*),--find-links /opt/wheel
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS)
 PROFILE ?= ci
 
-.PHONY: install demo test test-reference test-thorough clean
+.PHONY: install demo test test-reference test-thorough clean lint
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) "torch==2.13.0"
-	$(PIP) -e ".[test]"
+	$(PIP) -e ".[test,lint]"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -28,6 +28,10 @@ test: $(STAMP)
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loader conformance.adapters.reference:adapter
 	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test-thorough:
 	$(MAKE) test PROFILE=thorough

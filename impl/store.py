@@ -724,6 +724,18 @@ class TokenStore:
 
     # ------------------------------------------------------------ integrity
 
+    def check_blocks(self, file: int, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Refuse changed tokens before they are served: check the blocks holding tokens ``[starts[i], stops[i])`` of ``file``.
+
+        ``starts``/``stops`` are file-local token offsets (int64 arrays of equal
+        length). Every reader of token values calls this first, for the ranges
+        it is about to copy, so a block whose bytes changed since the build is
+        refused with :class:`StoreCorruptError` before any of its tokens reaches
+        a sample. Seam for per-block checksums; today the quick signature
+        checked when the file is mapped is the only content check.
+        """
+        return None
+
     def verify(self) -> None:
         """Re-hash every file (reads all tokens) and check offsets and the fingerprint.
 

@@ -21,8 +21,8 @@ positions asked for, so a billion-document epoch needs no billion-entry array
 per-window Feistel permutations are evaluated for all windows at once with one
 key per element (``impl.rng.feistel``; the same network as
 ``impl.rng.FeistelPermutation``). For a handful of positions (a sample's
-documents) ``EpochOrder`` uses ``reference.rng``'s scalar network instead,
-which is bit-identical and several times faster than numpy on tiny arrays;
+documents) ``EpochOrder`` uses impl's scalar network (``impl.rng.ScalarFeistel``)
+instead, which is bit-identical and several times faster than numpy on tiny arrays;
 a sequential reader (a loader) gets whole blocks of ``BLOCK`` positions
 evaluated at once and cached (a few blocks, never the whole order).
 
@@ -47,9 +47,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from impl.errors import ConfigError, is_integer, require
-from impl.rng import GOLDEN_GAMMA, MASK64, FeistelPermutation, Stream, derive_key, feistel, mix64, subkey
+from impl.rng import GOLDEN_GAMMA, MASK64, FeistelPermutation, ScalarFeistel, Stream, derive_key, feistel, mix64, subkey
 from reference.ordering import OrderingConfig
-from reference.rng import FeistelPermutation as ScalarFeistel
 
 __all__ = ["EpochOrder", "epoch_order", "order_at", "file_order", "SUPPORTED_KINDS", "BUFFER_MESSAGE"]
 
@@ -241,7 +240,7 @@ class EpochOrder:
         return table[pos - lo * BLOCK]
 
     def _scalar(self, pos: np.ndarray) -> np.ndarray:
-        """Few positions: ``reference.rng``'s scalar Feistel network (the spec impl.rng mirrors bit for bit).
+        """Few positions: ``impl.rng.ScalarFeistel``, the same network on Python integers.
 
         Why: a numpy call costs ~100 µs of fixed overhead per Feistel
         evaluation, a scalar one ~10 µs per position; a sample of a packed

@@ -30,8 +30,22 @@ import numpy as np
 from impl.errors import ConfigError, is_integer, require
 from reference.rng import FEISTEL_ROUNDS, GOLDEN_GAMMA, MASK64, Stream
 
-__all__ = ["FEISTEL_ROUNDS", "GOLDEN_GAMMA", "MASK64", "Stream", "derive_key", "subkey", "feistel_half_bits",
-           "mix64", "draw", "below", "unit", "feistel", "FeistelPermutation", "ScalarFeistel"]
+__all__ = [
+    "FEISTEL_ROUNDS",
+    "GOLDEN_GAMMA",
+    "MASK64",
+    "FeistelPermutation",
+    "ScalarFeistel",
+    "Stream",
+    "below",
+    "derive_key",
+    "draw",
+    "feistel",
+    "feistel_half_bits",
+    "mix64",
+    "subkey",
+    "unit",
+]
 
 _U = np.uint64
 _C1 = _U(0xBF58476D1CE4E5B9)
@@ -101,7 +115,7 @@ class ScalarFeistel:
     True
     """
 
-    __slots__ = ("n", "key", "_half", "_mask", "_round_bases")
+    __slots__ = ("_half", "_mask", "_round_bases", "key", "n")
 
     def __init__(self, n: int, key: int) -> None:
         self._half = feistel_half_bits(n)
@@ -132,7 +146,8 @@ def mix64(z: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         z = (z ^ (z >> _U(30))) * _C1
         z = (z ^ (z >> _U(27))) * _C2
-    return z ^ (z >> _U(31))
+    mixed: np.ndarray = z ^ (z >> _U(31))
+    return mixed
 
 
 def draw(key: int, counters: np.ndarray) -> np.ndarray:
@@ -187,7 +202,7 @@ def feistel(n: int, keys: int | np.ndarray, x: np.ndarray) -> np.ndarray:
 class FeistelPermutation:
     """Vectorised ``reference.rng.FeistelPermutation`` (RNG-5): ``p(indices)`` is bit-identical."""
 
-    __slots__ = ("n", "key")
+    __slots__ = ("key", "n")
 
     def __init__(self, n: int, key: int) -> None:
         require(n >= 0, ConfigError, f"permutation size n={n} must be >= 0")

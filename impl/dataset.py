@@ -55,7 +55,7 @@ import os
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,11 +78,12 @@ from impl.packing import (
 from impl.packing import (
     num_samples as plan_num_samples,
 )
+from impl.partition import SampleKey, padding_rows
 from impl.store import TokenStore
 from reference.ordering import OrderingConfig
 from reference.packing import MODES, STREAM_MODES, PackingConfig
 from reference.partition import PADDING
-from reference.resume import PipelineConfig, canonical_json, padding_sample, pipeline_fingerprint
+from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint
 
 __all__ = ["PackedDataset", "SampleKey", "SHUFFLES", "PLAN_FORMAT", "PLAN_VERSION", "batch_cu_seqlens"]
 
@@ -95,13 +96,6 @@ PLAN_LRU = 2
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 _PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_continuation", "add_bos", "add_eos",
                   "min_len")
-
-
-class SampleKey(NamedTuple):
-    """Which sample to compute: ``index`` of epoch ``epoch``'s global stream; ``index == -1`` (PADDING) is padding."""
-
-    epoch: int
-    index: int
 
 
 def _open_store(store: TokenStore | str | os.PathLike) -> TokenStore:
@@ -468,8 +462,7 @@ class PackedDataset(Dataset):
         epoch, index = self._resolve(SampleKey(epoch, index))
         p = self.config.packing
         if index == PADDING:
-            pad = padding_sample(p)
-            out = {name: np.asarray(getattr(pad, name), dtype=np.int64) for name in FIELDS}
+            out = {name: row[0] for name, row in padding_rows(1, p).items()}
         else:
             out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch))
             del out["document_starts"]
@@ -608,7 +601,6 @@ def _distinct(values: np.ndarray) -> list[int]:
 
 
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:
-    """``rows`` padding samples (``reference.resume.padding_sample``), int64 ``[rows, seq_len]``."""
-    pad = padding_sample(p)
-    return {name: np.tile(np.asarray(getattr(pad, name), dtype=np.int64), (rows, 1)) for name in FIELDS}
+    """``rows`` padding samples (``impl.partition.padding_rows``), int64 ``[rows, seq_len]``."""
+    return padding_rows(rows, p)
 

@@ -145,14 +145,14 @@ def test_a_state_with_consumed_beyond_the_epoch_is_refused_naming_the_sample_cou
 def test_the_state_counts_only_batches_handed_out_while_two_workers_prefetch():
     loader = build_dataloader(dataset(), batch_size=2, num_workers=2, prefetch_factor=2)
     produced = []
-    batches = loader.sampler._batches
+    batches = loader.sampler.batches
 
     def counting(*args):
         for keys in batches(*args):
             produced.append(keys)
             yield keys
 
-    loader.sampler._batches = counting
+    loader.sampler.batches = counting
     iterator = iter(loader)
     got = [next(iterator) for _ in range(3)]
     state = json.loads(json.dumps(loader.state_dict()))
@@ -281,12 +281,14 @@ def test_every_group_batch_equals_the_reference_step_slice_bit_for_bit(total, wo
         assert_equal(group_batch(consumed, total, config, g), step[g] if step else [], clause="PART-2",
                      what=f"group {g} at consumed={consumed}", repro={"total": total, "config": config})
     rank = data.draw(st.integers(0, world - 1))
-    sampler = ElasticSampler(_Sized(total), batch_size=batch, rank=rank, world_size=world, replication=replication, end=end)
-    sampler.set_position(0, consumed)
+    sampler = ElasticSampler(_Sized(total), batch_size=batch, rank=rank, world_size=world, replication=replication, end=end,
+                             position=lambda: (0, consumed))
     expected = [s[rank // replication] for s in epoch_steps(total, config, start=consumed)]
     assert_equal([[k.index for k in keys] for keys in sampler], expected, clause="PART-9",
                  what=f"rank {rank}'s sampler from consumed={consumed}", repro={"total": total, "config": config})
-    check(sampler.steps_remaining == len(expected), clause="PART-10", what="steps_remaining")
+    assert_equal([[k.index for k in keys] for keys in sampler.batches(0, consumed)], expected, clause="PART-9",
+                 what=f"sampler.batches(0, {consumed})", repro={"total": total, "config": config})
+    check(len(sampler) == len(expected), clause="PART-10", what="len(sampler) from the position")
     check(all(isinstance(k, SampleKey) for keys in sampler for k in keys), clause="PART-2", what="keys are SampleKeys")
     check(rank_batch(consumed, total, config, rank) == (expected[0] if expected else []), clause="PART-1",
           what="first batch vs rank_batch")

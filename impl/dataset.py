@@ -62,7 +62,7 @@ import torch
 from torch.utils.data import Dataset
 
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
-from impl.collation import batch_cu_seqlens
+from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.errors import ConfigError, EmptyDataError, is_integer, require
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import (
@@ -269,9 +269,28 @@ class PackedDataset(Dataset):
     # ------------------------------------------------------------ epochs and sizes
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch a plain int index refers to (keys carry their own)."""
+        """The epoch a plain int index refers to (keys carry their own), in this process and in DataLoader workers."""
         require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         self.epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of plain int indices, held in one shared-memory int64.
+
+        Why shared memory: a plain ``DataLoader(ds, num_workers=2,
+        persistent_workers=True)`` keeps the copies of the dataset its workers
+        got when they started, so an attribute set by ``ds.set_epoch(1)`` in
+        the training process never reaches them and epoch 0 repeats. The cell
+        is shared with forked workers (inherited mapping) and spawned ones
+        (torch's pickler shares the storage); plain ``pickle`` copies the value.
+        """
+        return int(self._epoch_cell.item())
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        if "_epoch_cell" not in self.__dict__:
+            self._epoch_cell = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch_cell.fill_(int(value))
 
     def num_samples(self, epoch: int) -> int:
         """Samples of epoch ``epoch`` (closed form for concat/chunk/none: the same every epoch; bin modes: the plan's)."""
@@ -564,14 +583,17 @@ class PackedDataset(Dataset):
             return out
         return self._rows(*resolved)
 
-    def __getitems__(self, keys: list[Any]) -> dict[str, Any]:
-        """A whole batch at once: what ``impl.collation.collate`` makes of ``[ds[k] for k in keys]``, computed batched.
+    def __getitems__(self, keys: list[Any]) -> SampleBatch:
+        """A whole batch at once, as a ``SampleBatch``: reads as ``[ds[k] for k in keys]``, computed batched.
 
         torch's DataLoader (>= 2.1) calls ``dataset.__getitems__(batch_of_keys)``
-        when it exists and hands the result to ``collate_fn``; ``collate``
-        passes this dict through. Keys as ``__getitem__`` takes them
+        when it exists and hands the result to ``collate_fn``: torch's
+        ``default_collate`` (a plain ``DataLoader``, torchdata's
+        ``StatefulDataLoader``) sees the list of samples and stacks them;
+        ``impl.collation.collate`` takes the batch computed here
+        (``result.batch``) as is. Keys as ``__getitem__`` takes them
         (``SampleKey``, ``(epoch, index)`` or a plain int of the current
-        epoch; epochs may mix, ``index == -1`` is padding). Returns
+        epoch; epochs may mix, ``index == -1`` is padding). Its batch holds
         ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,
         ``token_offsets`` (int64 ``[B, seq_len]``), ``epoch``,
         ``sample_index`` (int64 ``[B]``), ``cu_seqlens`` (int32, over the
@@ -581,13 +603,9 @@ class PackedDataset(Dataset):
         Why: one ``impl.packing.materialize_batch`` per epoch in the batch
         costs a fixed number of numpy calls, where ``B`` calls of
         ``__getitem__`` plus ``collate`` pay ~20 numpy calls per sample.
-
-        Note: the result is a batch, not a list of samples; a ``collate_fn``
-        other than ``impl.collation.collate`` must accept it (or set
-        ``__getitems__ = None`` on a subclass to get per-sample lists).
         """
-        return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-                for name, value in self._batch(keys).items()}
+        return SampleBatch({name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                            for name, value in self._batch(keys).items()})
 
 
 def _distinct(values: np.ndarray) -> list[int]:

@@ -58,7 +58,7 @@ def reference_imports(source: str) -> list[tuple[int, str, str]]:
     r"""``(line, module, name)`` for every import of the reference in ``source``; ``name`` is ``*`` for a whole module.
 
     >>> reference_imports("from reference.partition import advance, PADDING as P\nimport reference.rng\n")
-    [(1, 'reference.partition', 'advance'), (1, 'reference.partition', 'PADDING'), (2, 'reference.rng', '*')]
+    [(1, 'reference.partition', 'PADDING'), (1, 'reference.partition', 'advance'), (2, 'reference.rng', '*')]
     """
     found = []
     for node in ast.walk(ast.parse(source)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -332,7 +333,7 @@ def test_cu_seqlens_of_a_batch_is_the_reference_row_boundaries_offset_by_row(row
         expected = expected[:-1] + [b + r * length for b in ref_collation.cu_seqlens(row)]
     assert_equal(cu.tolist(), expected, clause="COLL-8", what="cu_seqlens", repro={"position_ids": rows_})
     check(cu.dtype == torch.int32, clause="COLL-8", what=f"dtype {cu.dtype}")
-    diffs = [b - a for a, b in zip(expected, expected[1:])]
+    diffs = [b - a for a, b in pairwise(expected)]
     check(longest == max(diffs, default=0), clause="COLL-8", what=f"max_seqlen={longest}, segments {diffs}")
 
 

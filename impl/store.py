@@ -26,9 +26,20 @@ On-disk layout of ``out_dir``::
     tokens-00001.arrow   ``tokens: large_list<uint16 | uint32>``; row = document,
     ...                  the list offsets (int64) are the document boundaries
 
-Format 2 (this version) adds the block checksums; format 1 stores (no
-checksums) still open and read, checked by their quick signatures at map
-time and by a full :meth:`TokenStore.verify`.
+Format 2 (this version) adds, per file record, ``block_crc32``: the
+big-endian CRC-32 (``zlib.crc32``) of each ``layout.block_bytes`` (1 MiB)
+block of the file's bytes, as one hex string of 8 digits a block, e.g.
+``"a1b2c3d4 0f0e0d0c ..."`` without the spaces (``layout.block_checksum`` is
+``"crc32"``). Format 1 stores (no block checksums) still open and read,
+checked by their quick signatures at map time and by a full
+:meth:`TokenStore.verify`; rebuilding one adds the per-block check of every
+read.
+
+Guarantee: no reader returns a token of a format-2 file whose block changed
+since the build, and document boundaries come only from checked offsets.
+Each block is CRC'd once per store object (per process), on its first read;
+a block changed *after* this object verified it is not seen again until the
+store is opened anew (or :meth:`TokenStore.verify` runs).
 
 Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
 the split depends only on the document count, never on ``num_proc``, so the
@@ -238,7 +249,8 @@ def quick_signature(path: str | os.PathLike[str], size: int | None = None) -> st
     opening a 100M-token store costs what opening a 1k-token one does. It
     catches truncation, appends, rewrites and edits of the Arrow header/footer
     (where the schema, the record-batch layout and the file magic live); an
-    edit in the middle of a large file is only caught by a full ``verify``.
+    edit in the middle of a large file is caught by the block checksums of
+    format 2 on the first read of its block (format 1: only by ``verify``).
     """
     fd = os.open(os.fspath(path), os.O_RDONLY)
     try:
@@ -403,7 +415,8 @@ class TokenStore:
     mapped buffer, never a Python loop over documents. Opening reads
     ``meta.json`` and stats each file (no file is opened or read), so its
     cost does not grow with the number of tokens; a file's content signature
-    is checked when it is first mapped.
+    and the blocks holding its offsets are checked when it is first mapped,
+    and every other block on its first read (:meth:`check_blocks`).
     """
 
     # ------------------------------------------------------------ construction
@@ -627,8 +640,10 @@ class TokenStore:
         recorded size (StoreCorruptError naming the file otherwise). A file is
         memory-mapped on first use, when its quick signature (first and last
         64 KiB), Arrow footer, schema, document count and last offset are
-        checked against the record before any of its tokens is returned: a
-        file changed since the build is refused then, with the same error.
+        checked against the record before any of its tokens is returned, with
+        the CRC-32 of the blocks holding its offsets (format 2); each other
+        block is checked on its first read. A file changed since the build is
+        refused then, with the same error type.
         """
         root = Path(path)
         if not root.exists():

@@ -152,6 +152,8 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, data
     make_store = {"first": _fresh, "verified": _verified, "disabled": _fresh}.get(w.mode.rsplit("-", 1)[-1])
 
     if w.mode.startswith("check-"):
+        covered = sum(int((b - a).sum()) for batch in groups for _, a, b in batch)
+
         def setup():
             return (make_store(corpus),), {}
 
@@ -159,8 +161,7 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, data
             for batch in groups:
                 for f, a, b in batch:
                     store.check_blocks(f, a, b)
-            counted.update(tokens=sum(int((b - a).sum()) for batch in groups for _, a, b in batch),
-                           batches=len(groups))
+            counted.update(tokens=covered, batches=len(groups))
     else:
         ds = datasets(w.shuffle)
         loader = harness.impl_loader(ds, batch_size=TPUT_BATCH, num_workers=0)

@@ -947,7 +947,8 @@ class TokenStore:
         :data:`BLOCK_BYTES` block; a block is CRC'd from the mapping on its
         first read by this store object and remembered in a per-file bitmap,
         so a range in verified blocks costs a few numpy operations, and a file
-        whose blocks are all verified costs one attribute test. A block that
+        whose blocks are all verified costs one list index and one attribute
+        test (the first lines below: keep that path short). A block that
         changed since the build raises :class:`StoreCorruptError` naming the
         store, the file, the block and its bytes, and the fix.
 
@@ -964,6 +965,12 @@ class TokenStore:
 
         >>> store.check_blocks(0, np.array([0, 100]), np.array([10, 4096]))   # doctest: +SKIP
         """
+        try:
+            done = file >= 0 and self._blocks[file].complete  # type: ignore[union-attr]
+        except (AttributeError, IndexError, TypeError):
+            done = False
+        if done:
+            return
         self._require_open()
         f = operator.index(file)
         if not 0 <= f < len(self._records):

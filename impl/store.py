@@ -983,16 +983,26 @@ class TokenStore:
         hi_tok = np.asarray(stops, dtype=np.int64).reshape(-1)
         if lo_tok.shape != hi_tok.shape:
             raise ValueError(f"starts and stops differ in length ({lo_tok.size} and {hi_tok.size})")
+        if not lo_tok.size:
+            return
+        if lo_tok.size <= 32:  # a batch's few runs per file: Python's min/max beat numpy's call overhead
+            first_tok, last_tok = min(lo_tok.tolist()), max(hi_tok.tolist())
+        else:
+            first_tok, last_tok = int(lo_tok.min()), int(hi_tok.max())
+        if first_tok < 0 or last_tok > self._records[f].num_tokens:
+            raise IndexError(
+                f"token range out of bounds for file {f} of {self._records[f].num_tokens} tokens "
+                f"(starts from {first_tok}, stops up to {last_tok})"
+            )
+        if last_tok <= first_tok:
+            return
+        first = (blocks.base + first_tok * blocks.itemsize) // blocks.block
+        last = (blocks.base + last_tok * blocks.itemsize - 1) // blocks.block
+        if blocks.verified[first] if first == last else blocks.verified[first : last + 1].all():
+            return
         keep = hi_tok > lo_tok
         if not keep.all():
             lo_tok, hi_tok = lo_tok[keep], hi_tok[keep]
-        if not lo_tok.size:
-            return
-        if int(lo_tok.min()) < 0 or int(hi_tok.max()) > self._records[f].num_tokens:
-            raise IndexError(
-                f"token range out of bounds for file {f} of {self._records[f].num_tokens} tokens "
-                f"(starts from {int(lo_tok.min())}, stops up to {int(hi_tok.max())})"
-            )
         lo = (blocks.base + lo_tok * blocks.itemsize) // blocks.block
         hi = (blocks.base + hi_tok * blocks.itemsize - 1) // blocks.block
         n = len(blocks.crcs)

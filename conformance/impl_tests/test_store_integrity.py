@@ -238,6 +238,11 @@ def test_a_range_in_verified_blocks_is_not_crcd_again_but_an_unverified_neighbou
     last = store.num_tokens
     store.check_blocks(0, np.array([last - 1]), np.array([last]))
     assert counting.calls == after_map + 1
+    store.check_blocks(0, np.array([0, last - 1]), np.array([1, last]))  # the unverified blocks between are not read
+    assert counting.calls == after_map + 1
+    middle = last // 2
+    store.check_blocks(0, np.array([3, middle, last - 5]), np.array([4, middle + 1, last]))
+    assert counting.calls == after_map + 2
 
 
 # --------------------------------------------------------------------------- reopen

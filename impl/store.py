@@ -627,7 +627,7 @@ class TokenStore:
             return
         lo = (blocks.base + start * blocks.itemsize) // blocks.block
         hi = (blocks.base + stop * blocks.itemsize - 1) // blocks.block
-        if not blocks.verified[lo : hi + 1].all():
+        if not (blocks.verified[lo] if lo == hi else blocks.verified[lo : hi + 1].all()):
             self._verify_blocks(self._records[f], blocks, np.arange(lo, hi + 1))
 
     @classmethod

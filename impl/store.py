@@ -593,8 +593,12 @@ class TokenStore:
         offsets_buf = col.buffers()[1]
         offsets_bytes = 0 if offsets_buf is None else (len(col) + 1) * 8
         offsets_at = span(offsets_buf, offsets_bytes)
-        assert rec.block_crc32 is not None
-        crcs = np.frombuffer(bytes.fromhex(rec.block_crc32), dtype=">u4").astype(np.uint32)
+        try:
+            crcs = np.frombuffer(bytes.fromhex(rec.block_crc32 or ""), dtype=">u4").astype(np.uint32)
+        except ValueError:
+            raise StoreCorruptError(
+                f"{where}: its block_crc32 in {META_FILE} is not hexadecimal; {REBUILD_HINT}"
+            ) from None
         blocks = _Blocks(np.frombuffer(whole, dtype=np.uint8), values_at, item, self._block_bytes, crcs)
         if offsets_bytes:
             first, last = offsets_at // blocks.block, (offsets_at + offsets_bytes - 1) // blocks.block

@@ -113,6 +113,11 @@ def _drop_block_crcs(meta: dict[str, Any]) -> None:
     del meta["files"][0]["block_crc32"]
 
 
+def _garble_block_crcs(meta: dict[str, Any]) -> None:
+    record = meta["files"][0]
+    record["block_crc32"] = "zz" + record["block_crc32"][2:]
+
+
 def _name_outside(meta: dict[str, Any]) -> None:
     meta["files"][0]["name"] = "../tokens-00000.arrow"
 
@@ -147,6 +152,8 @@ CASES = [
          error=StoreCorruptError, problem=r"file \.\./tokens-00000\.arrow: invalid file name in meta\.json"),
     Case(id="block checksums missing from a format-2 record", damage=_edit_meta(_drop_block_crcs), use=_open,
          error=StoreCorruptError, problem=r"tokens-00000\.arrow: meta\.json records none, expected \d+"),
+    Case(id="block checksums not hexadecimal", damage=_edit_meta(_garble_block_crcs), use=_read_all,
+         error=StoreCorruptError, problem=r"tokens-00000\.arrow: its block_crc32 in meta\.json is not hexadecimal"),
     Case(id="block size missing", damage=_edit_meta(lambda meta: meta["layout"].pop("block_bytes")), use=_open,
          error=StoreCorruptError, problem=r"invalid layout\.block_bytes None"),
     Case(id="fingerprint edited", damage=_set("fingerprint", "f" * 64), use=_verify, error=StoreCorruptError,

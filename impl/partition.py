@@ -46,7 +46,7 @@ from reference.packing import IGNORE, NO_DOC, NO_OFFSET, PackingConfig
 from reference.partition import END_POLICIES, PADDING, PartitionConfig
 
 __all__ = ["PADDING_FIELDS", "ElasticSampler", "SampleKey", "advance", "distributed_topology", "group_batch",
-           "padding_rows", "resolve_end", "steps_in_epoch"]
+           "padding_rows", "resolve_end", "steps_in_epoch", "trained_end"]
 
 
 class SampleKey(NamedTuple):
@@ -206,6 +206,27 @@ def steps_in_epoch(num_samples: int, config: PartitionConfig, start: int = 0) ->
     if config.end == "even":
         return full + (rest >= config.data_parallel_size)
     return full
+
+
+def trained_end(start: int, num_samples: int, config: PartitionConfig) -> int:
+    """Where the trained prefix of the epoch ends when its rest, from ``start``, runs under ``config`` (PART-8).
+
+    Full steps cover ``G`` each; the last partial step covers all of the rest
+    under ``pad``, ``D * floor(R / D)`` of it under ``even`` and none under
+    ``drop_last``. The coverage audit needs it: samples past it are the
+    tail the end policy lets go, not losses.
+
+    >>> [trained_end(4, 11, PartitionConfig(world_size=3, end=e)) for e in ("drop_last", "pad", "even")]
+    [10, 11, 10]
+    """
+    _check_position(start, num_samples)
+    if config.end == "pad":
+        return num_samples
+    full, rest = divmod(num_samples - start, config.global_batch_size)
+    end = start + full * config.global_batch_size
+    if config.end == "even":
+        return end + rest - rest % config.data_parallel_size
+    return end
 
 
 Position = Callable[[], tuple[int, int]]

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from impl._atomic import atomic_write_json
-from reference.partition import PartitionConfig, trained_end
-from reference.resume import audit_coverage
+from impl.partition import trained_end
+from impl.resume import audit_coverage
+from reference.partition import PartitionConfig
 
 LOG = "[demo]"
 

@@ -48,8 +48,6 @@ AUDIT_ALLOWANCES: dict[str, dict[str, frozenset[str]]] = {
     "cli.py": {"reference": frozenset({"rng"}),
                "reference.partition": frozenset({"advance", "trained_end"}),
                "reference.resume": frozenset({"audit_coverage"})},
-    "demo.py": {"reference.partition": frozenset({"trained_end"}),
-                "reference.resume": frozenset({"audit_coverage"})},
 }
 """Temporary: commands that audit impl against the spec (their oracle), to be moved out of impl or rewritten."""
 

@@ -47,13 +47,13 @@ UNEVEN_POLICIES = ("uneven", "drop_last", "repeat_last", "wrap", "repeat_own_las
 FILE_MODES = ("auto", "file", "example")
 
 
-def _require_count(name: str, value: object, minimum: int, error: type = ConfigError, fix: str = "") -> None:
-    require(is_int(value) and value >= minimum, error,
+def _require_count(name: str, value: object, minimum: int, error: type[ConfigError] = ConfigError, fix: str = "") -> None:
+    require(is_int(value) and isinstance(value, int) and value >= minimum, error,
             f"{name}={value!r} must be an integer >= {minimum}" + (f"; {fix}" if fix else ""))
 
 
 def _require_index(name: str, value: object, bound: int, bound_name: str) -> None:
-    require(is_int(value) and 0 <= value < bound, TopologyError,
+    require(is_int(value) and isinstance(value, int) and 0 <= value < bound, TopologyError,
             f"{name}={value!r} must be an integer in [0, {bound_name}={bound}); pass one of 0..{bound - 1}")
 
 

@@ -114,7 +114,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "data"
 
 
-def tokenize_split(dataset: Any, tokenizer: Any, cache_dir: str | os.PathLike[str][str], *, text_field: str = "text",
+def tokenize_split(dataset: Any, tokenizer: Any, cache_dir: str | os.PathLike[str], *, text_field: str = "text",
                    num_proc: int | None = 1, progress: bool = False) -> TokenStore:
     """The cached token store of ``dataset`` (a ``datasets.Dataset``), building it only if it is not there yet.
 
@@ -157,7 +157,7 @@ class HuggingFaceDataset(PackedDataset):
     >>> loader = build_dataloader(ds, batch_size=8)                                # doctest: +SKIP
     """
 
-    def __init__(self, dataset: Any, tokenizer: Any, *, seq_len: int, cache_dir: str | os.PathLike[str][str],
+    def __init__(self, dataset: Any, tokenizer: Any, *, seq_len: int, cache_dir: str | os.PathLike[str],
                  split: str | None = None, config_name: str | None = None, text_field: str = "text",
                  eos_token: str | None = None, shuffle: str = "none", seed: int = 0, window: int = 1024,
                  num_proc: int | None = 1, progress: bool = False,

@@ -39,7 +39,7 @@ import torch
 from impl.errors import ConfigError, is_int, require
 from reference.collation import SIDES
 
-__all__ = ["TokenPoolingType", "attention_mask", "batch_cu_seqlens", "collate", "cu_seqlens", "pad_stack_1d",
+__all__ = ["PaddingSide1D", "TokenPoolingType", "attention_mask", "batch_cu_seqlens", "collate", "cu_seqlens", "pad_stack_1d",
            "token_pooling_mask_from_attention_mask"]
 
 
@@ -242,3 +242,10 @@ def token_pooling_mask_from_attention_mask(attention_mask: torch.Tensor,
     picked = torch.arange(rows, device=real.device)[has]
     out[picked, position[has]] = 1
     return out
+
+
+class PaddingSide1D(enum.StrEnum):
+    """d9d's padding sides; ``pad_stack_1d(..., side=PaddingSide1D.left)`` accepts them like the strings (COLL-1)."""
+
+    left = "left"
+    right = "right"

@@ -1,5 +1,8 @@
 """Eval sets built on one rank and broadcast: one process touches the filesystem, every rank gets the same tensors.
 
+Conforms to EVAL-1..EVAL-3 of docs/SEMANTICS.md ("Evaluation"); the model is
+``reference.evaluation`` (``eval_set``, ``broadcast_eval``).
+
 Why: on cluster filesystems (Lustre, VAST) many processes opening the same
 ``datasets`` cache at once trip file locks, so KempnerForge tokenizes the
 eval split on rank 0 and broadcasts the packed tensor. Two faults of that
@@ -54,14 +57,11 @@ from impl.errors import (
     TokenizerError,
     TopologyError,
 )
+from reference.evaluation import EvalBuildError
 
 __all__ = ["ERRORS", "EvalBuildError", "EvalDataset", "build_eval_dataset"]
 
 FIELDS = ("input_ids", "labels", "doc_ids", "position_ids")
-
-
-class EvalBuildError(LoadspecError):
-    """The source rank failed to build the eval set with an error loadspec does not type (message says which)."""
 
 
 ERRORS: tuple[type[LoadspecError], ...] = (

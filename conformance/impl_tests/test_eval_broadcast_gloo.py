@@ -143,15 +143,33 @@ def _local_eval(workdir: Path) -> dict:
     return {"shape": list(stacked.shape), "sha": hashlib.sha256(stacked.numpy().tobytes()).hexdigest()}
 
 
-@pytest.mark.clause("PACK-8")
+@pytest.mark.clause("EVAL-1")
+def test_the_eval_set_built_without_a_process_group_equals_the_reference_eval_set(tmp_path):
+    from transformers import AutoTokenizer
+
+    from impl.evaluation import build_eval_dataset
+    from reference.evaluation import eval_set
+
+    tok = AutoTokenizer.from_pretrained(str(GPT2), local_files_only=True)
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    got = build_eval_dataset(**_eval_kwargs(tmp_path, 0, "eval"))
+    documents = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in TEXTS]
+    expected = eval_set(documents, seq_len=8)
+    for field in ("input_ids", "labels", "doc_ids", "position_ids"):
+        assert_equal(got.tensors[field].tolist(), [list(getattr(s, field)) for s in expected], clause="EVAL-1",
+                     what=field)
+
+
+@pytest.mark.clause("EVAL-2")
 def test_every_rank_receives_the_eval_set_rank_zero_built_on_2_and_3_ranks_gloo(jobs):
     expected = _local_eval(jobs["workdir"])
-    check(expected["shape"][1] > 0, clause="PACK-8", what="the eval set has samples")
+    check(expected["shape"][1] > 0, clause="EVAL-2", what="the eval set has samples")
     for name in ("two", "three"):
-        assert_equal([r["eval"] for r in jobs[name]], [expected] * len(jobs[name]), clause="PACK-8",
+        assert_equal([r["eval"] for r in jobs[name]], [expected] * len(jobs[name]), clause="EVAL-2",
                      what=f"eval tensors on the {name}-rank job")
 
 
+@pytest.mark.clause("EVAL-3")
 def test_an_eval_split_too_short_for_one_sample_raises_the_same_typed_error_on_every_rank_gloo(jobs):
     for name in ("two", "three"):
         errors = [r["short"] for r in jobs[name]]

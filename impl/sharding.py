@@ -364,12 +364,19 @@ class ShardedDataset(Dataset):  # type: ignore[type-arg]
 
 
 def _mesh_topology(device_mesh: Any, mesh_dim: str | int) -> tuple[int, int]:
-    try:
-        return int(device_mesh.get_local_rank(mesh_dim)), int(device_mesh.size(mesh_dim))
-    except (KeyError, ValueError, RuntimeError, IndexError) as exc:
-        names = getattr(device_mesh, "mesh_dim_names", None)
-        raise TopologyError(f"device_mesh has no data-parallel dimension {mesh_dim!r} (dimensions: {names}); "
-                            "pass mesh_dim= naming it") from exc
+    """``(rank, size)`` along one dimension of a ``torch.distributed.DeviceMesh`` (``size`` takes its index)."""
+    names = tuple(getattr(device_mesh, "mesh_dim_names", None) or ())
+    if isinstance(mesh_dim, str):
+        require(mesh_dim in names, TopologyError,
+                f"device_mesh has no data-parallel dimension {mesh_dim!r} (dimensions: {names}); "
+                "pass mesh_dim= naming it (or its index)")
+        index = names.index(mesh_dim)
+    else:
+        ndim = int(getattr(device_mesh, "ndim", 1))
+        require(is_int(mesh_dim) and 0 <= mesh_dim < ndim, TopologyError,
+                f"mesh_dim={mesh_dim!r} is not a dimension of a {ndim}-d device_mesh; pass its name or an index")
+        index = mesh_dim
+    return int(device_mesh.get_local_rank(index)), int(device_mesh.size(index))
 
 
 def shard_dataset_data_parallel(dataset: Any, device_mesh: Any = None,

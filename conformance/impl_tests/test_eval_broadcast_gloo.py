@@ -85,6 +85,11 @@ def _rank_main(rank: int, world: int, init: str, workdir: str, tag: str, resume:
             out["short"] = {"type": type(exc).__name__, "message": str(exc)}
         view = shard_dataset_data_parallel(list(range(11)), indexing_mode="chunked")
         out["shard"] = [view[i] for i in range(len(view))]
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        mesh_view = shard_dataset_data_parallel(list(range(11)), mesh, indexing_mode="chunked")
+        out["mesh_shard"] = [mesh_view[i] for i in range(len(mesh_view))]
         loader = build_dataloader(BufferSortedDataset(Rows(), **BUCKET), batch_size=4, collate_fn=_first_ids)
         if resume:
             loader.load_state_dict(json.loads((work / "bucket-state.json").read_text()))
@@ -179,11 +184,14 @@ def test_an_eval_split_too_short_for_one_sample_raises_the_same_typed_error_on_e
 
 
 @pytest.mark.clause("SHARD-2", "SHARD-15")
-def test_the_data_parallel_helper_takes_rank_and_world_size_from_the_process_group_gloo(jobs):
+def test_the_data_parallel_helper_takes_rank_and_world_size_from_the_process_group_or_a_device_mesh_gloo(jobs):
     assert_equal([r["shard"] for r in jobs["two"]], [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 10]], clause="SHARD-15",
                  what="2-rank padded chunked views")
     assert_equal([r["shard"] for r in jobs["three"]], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 10]],
                  clause="SHARD-15", what="3-rank padded chunked views")
+    for name in ("two", "three"):
+        assert_equal([r["mesh_shard"] for r in jobs[name]], [r["shard"] for r in jobs[name]], clause="SHARD-15",
+                     what=f"DeviceMesh 'dp' views on the {name}-rank job")
 
 
 @pytest.mark.clause("BUCK-7")

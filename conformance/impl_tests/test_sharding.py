@@ -75,7 +75,7 @@ def _views(n: int, w: int, mode: str, **kwargs) -> list[ish.ShardedDataset]:
     return [ish.ShardedDataset(data, w, r, mode, **kwargs) for r in range(w)]
 
 
-@pytest.mark.clause("SHARD-3", "SHARD-15")
+@pytest.mark.clause("SHARD-3")
 @given(n=st.integers(1, 60), w=st.integers(1, 6), mode=st.sampled_from(MODES))
 def test_iterating_unpadded_views_yields_every_item_exactly_once_and_ends(n, w, mode):
     seen = [int(x[0]) // 10 for view in _views(n, w, mode) for x in view]
@@ -132,15 +132,16 @@ def test_d9d_enum_and_data_parallel_helper_without_a_process_group_give_one_full
 
 
 class _Mesh:
-    """A ``DeviceMesh`` stand-in: the helper reads only ``get_local_rank(dim)`` and ``size(dim)``."""
+    """A ``DeviceMesh`` stand-in with torch's signatures: ``size(dim)`` takes an index, ``get_local_rank`` either."""
 
     def __init__(self, sizes: dict[str, int], ranks: dict[str, int]) -> None:
-        self.mesh_dim_names, self._sizes, self._ranks = tuple(sizes), sizes, ranks
+        self.mesh_dim_names, self.ndim = tuple(sizes), len(sizes)
+        self._sizes, self._ranks = list(sizes.values()), list(ranks.values())
 
-    def size(self, dim):
+    def size(self, dim: int) -> int:
         return self._sizes[dim]
 
-    def get_local_rank(self, dim):
+    def get_local_rank(self, dim: int) -> int:
         return self._ranks[dim]
 
 
@@ -151,6 +152,10 @@ def test_data_parallel_helper_reads_the_dp_dimension_of_a_device_mesh_and_refuse
     assert_equal([view[i] for i in range(len(view))], [1, 4, 7, 7], clause="SHARD-15", what="dp rank 1 of 3")
     assert_raises_typed(TopologyError, ish.shard_dataset_data_parallel, list(range(10)), mesh, mesh_dim="fsdp",
                         clause="SHARD-14", what="missing mesh dimension", mentions=["fsdp", "mesh_dim"])
+    by_index = ish.shard_dataset_data_parallel(list(range(10)), mesh, mesh_dim=0)
+    assert_equal(by_index.indices.tolist(), view.indices.tolist(), clause="SHARD-15", what="dimension by index")
+    assert_raises_typed(TopologyError, ish.shard_dataset_data_parallel, list(range(10)), mesh, mesh_dim=2,
+                        clause="SHARD-14", what="dimension index out of range", mentions=["mesh_dim=2"])
 
 
 @pytest.mark.clause("SHARD-9", "SHARD-10", "SHARD-11")

@@ -45,10 +45,10 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from impl.errors import ConfigError, StateError, is_int, is_integer, require
-from impl.rng import draw, feistel, mix64
+from impl.rng import derive_key, draw, feistel, mix64, subkey
 from reference.bucketing import BucketConfig
 from reference.resume import canonical_json
-from reference.rng import GOLDEN_GAMMA, MASK64, Stream, derive_key, subkey
+from reference.rng import GOLDEN_GAMMA, MASK64, Stream
 
 __all__ = ["BucketConfig", "BufferSortedDataset", "bucket_at", "bucket_buffer", "bucket_order", "num_buffers"]
 

@@ -46,6 +46,7 @@ from torch.utils.data import Dataset
 from impl.errors import (
     ConfigError,
     EmptyDataError,
+    EvalBuildError,
     LoadspecError,
     SourceError,
     SplitError,
@@ -57,7 +58,6 @@ from impl.errors import (
     TokenizerError,
     TopologyError,
 )
-from reference.evaluation import EvalBuildError
 
 __all__ = ["ERRORS", "EvalBuildError", "EvalDataset", "build_eval_dataset"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import machine
-from benchmarks.corpora import Corpus, describe, size_from_env
+from benchmarks.corpora import Corpus, describe, size_from_env, store_dir_name
 from benchmarks.peers import PEER_DISTS, version
 
 
@@ -39,7 +39,7 @@ _RESIDENT: dict[str, float | None] = {}
 
 def pytest_sessionstart(session) -> None:
     """Page-cache residency of this size's token store before anything runs (None: not generated yet)."""
-    store = Corpus(size_from_env()).root / "store" / "store"
+    store = Corpus(size_from_env()).root / store_dir_name() / "store"
     files = sorted(store.glob("tokens-*.arrow")) if store.exists() else []
     _RESIDENT["store_at_start"] = machine.resident_fraction(files) if files else None
 

@@ -66,6 +66,13 @@ def cache_root() -> Path:
     return base / CORPUS_VERSION
 
 
+def store_dir_name() -> str:
+    """Cache directory of the impl store: ``store`` for format 1, ``store-v<N>`` for later formats."""
+    from impl.store import FORMAT_VERSION
+
+    return "store" if FORMAT_VERSION == 1 else f"store-v{FORMAT_VERSION}"
+
+
 def size_from_env() -> str:
     size = os.environ.get("LOADSPEC_BENCH_SIZE", "S").upper()
     if size not in SIZES:
@@ -187,6 +194,13 @@ class Corpus:
 
     # ---- formats
     def store(self) -> Path:
+        """The corpus as a TokenStore of this loadspec's format (one directory per format version).
+
+        Why per version: a store of another format is refused (newer) or
+        lacks what this version checks (older), and other checkouts may share
+        the cache; format 1 keeps the historical ``store`` directory.
+        """
+
         def make(tmp: Path) -> None:
             from impl.store import TokenStore
 
@@ -197,7 +211,7 @@ class Corpus:
             writer = getattr(TokenStore, "from_documents", None) or TokenStore.from_token_files
             writer(files, tmp / "store", vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
 
-        return ensure_dir(self.root / "store", make) / "store"
+        return ensure_dir(self.root / store_dir_name(), make) / "store"
 
     def parquet(self) -> Path:
         """Pre-tokenized parquet shards (``input_ids: list<uint16>``, ``id: int64``)."""

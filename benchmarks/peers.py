@@ -64,7 +64,7 @@ def import_streaming():
     """MosaicML ``streaming`` (with the torchvision stub), or ImportError."""
     os.environ.setdefault("STREAMING_DISABLE_TELEMETRY", "1")
     _stub_torchvision()
-    import streaming  # noqa: PLC0415
+    import streaming
 
     return streaming
 
@@ -78,7 +78,7 @@ def require_streaming():
 
 def require_litdata():
     try:
-        import litdata  # noqa: PLC0415
+        import litdata
     except ImportError as exc:
         pytest.skip(f"LitData not installed ({exc}); {BENCH_ENV_HINT}")
     return litdata
@@ -86,7 +86,7 @@ def require_litdata():
 
 def require_datasets():
     try:
-        import datasets  # noqa: PLC0415
+        import datasets
     except ImportError as exc:
         pytest.skip(f"HF datasets not installed ({exc})")
     return datasets

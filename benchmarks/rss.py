@@ -75,20 +75,20 @@ def run_one(loader: str, size: str, workers: int) -> dict:
     if loader == "impl":
         ds = harness.impl_dataset(corpus, shuffle="global")
         it = iter(harness.impl_loader(ds, batch_size=TPUT_BATCH, num_workers=workers))
-        count = lambda b: (len(b["input_ids"]), int(b["input_ids"].numel()))  # noqa: E731
+        count = lambda b: (len(b["input_ids"]), int(b["input_ids"].numel()))
     elif loader == "hf-iterable":
         ids = harness.hf_iterable(corpus)
         it = iter(ids.iter(batch_size=PEER_TPUT_BATCH))
-        count = lambda b: (len(b["input_ids"]), sum(len(x) for x in b["input_ids"]))  # noqa: E731
+        count = lambda b: (len(b["input_ids"]), sum(len(x) for x in b["input_ids"]))
     elif loader == "mosaicml":
         from torch.utils.data import DataLoader
 
         it = iter(DataLoader(harness.mosaic_dataset(corpus, PEER_TPUT_BATCH), batch_size=PEER_TPUT_BATCH,
                              num_workers=workers, collate_fn=harness.list_collate))
-        count = lambda b: (len(b), sum(harness.doc_tokens(x) for x in b))  # noqa: E731
+        count = lambda b: (len(b), sum(harness.doc_tokens(x) for x in b))
     elif loader == "litdata":
         it = iter(harness.litdata_loader(corpus, PEER_TPUT_BATCH, num_workers=workers))
-        count = lambda b: (len(b), sum(harness.doc_tokens(x) for x in b))  # noqa: E731
+        count = lambda b: (len(b), sum(harness.doc_tokens(x) for x in b))
     else:
         raise SystemExit(f"unknown loader {loader!r}; choose from {', '.join(LOADERS)}")
     for k, batch in enumerate(it):
@@ -114,7 +114,7 @@ def run_one(loader: str, size: str, workers: int) -> dict:
 
 def run_subprocess(loader: str, size: str, workers: int, timeout: float = 1800) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.rss", "--loader", loader, "--size", size, "--workers", str(workers)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -21,7 +21,6 @@ from benchmarks.corpora import EOS_ID, Corpus
 from benchmarks.peers import require_datasets
 from benchmarks.workloads import BUILDS, Build
 
-
 SMOKE_DOCS = 1000
 
 

@@ -34,6 +34,7 @@ from impl.encoding import Encoder, TokenizerInfo, resolve_tokenizer
 from impl.errors import ConfigError, EmptyDataError, StoreError, TokenizerError
 from impl.sources import Source, rechunk, resolve_source
 from impl.store import (
+    BLOCK_BYTES,
     COLUMN,
     DEFAULT_DOCS_PER_FILE,
     FILE_TEMPLATE,
@@ -46,8 +47,8 @@ from impl.store import (
     TokenStore,
     _arrow_type,
     _content_fingerprint,
+    hash_file_blocks,
     quick_signature,
-    sha256_file,
 )
 
 __all__ = ["build_store", "store_from_token_files"]
@@ -316,15 +317,18 @@ def _version_of(module: str) -> str | None:
 
 
 def _file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, Any]:
+    """The file's record: counts, size, sha256, quick signature and a CRC-32 per block (one read of the file)."""
     size = os.path.getsize(path)
+    sha256, block_crc32 = hash_file_blocks(path, BLOCK_BYTES)
     return FileRecord(
         name=os.path.basename(path),
         num_documents=len(offsets) - 1,
         num_tokens=int(offsets[-1]),
         num_empty_documents=num_empty,
         size=size,
-        sha256=sha256_file(path),
+        sha256=sha256,
         quick_signature=quick_signature(path, size),
+        block_crc32=block_crc32,
     ).to_json()
 
 
@@ -344,12 +348,14 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
         "source": source,
         "build_key": build_key,
         "build_id": uuid.uuid4().hex,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(),
         "layout": {
             "file_format": "arrow-ipc-file",
             "column": COLUMN,
             "type": str(_arrow_type(np.dtype(dtype))),
             "quick_signature_bytes": QUICK_SIGNATURE_BYTES,
+            "block_bytes": BLOCK_BYTES,
+            "block_checksum": "crc32",
         },
         "versions": {"pyarrow": pa.__version__, "numpy": np.__version__, "tokenizers": _version_of("tokenizers")},
     }

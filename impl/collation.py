@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -39,11 +39,13 @@ import torch
 from impl.errors import ConfigError, is_int, require
 from reference.collation import SIDES
 
-__all__ = ["PaddingSide1D", "TokenPoolingType", "attention_mask", "batch_cu_seqlens", "collate", "cu_seqlens", "pad_stack_1d",
-           "token_pooling_mask_from_attention_mask"]
+__all__ = ["PaddingSide1D", "SampleBatch", "TokenPoolingType", "attention_mask", "batch_cu_seqlens", "collate",
+           "cu_seqlens", "pad_stack_1d", "sample_cu_seqlens", "token_pooling_mask_from_attention_mask"]
+
+_BATCH_ONLY = ("cu_seqlens", "max_seqlen")
 
 
-def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: int | float, *, side: str = "right",
+def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: float, *, side: str = "right",
                  pad_to_multiple_of: int | None = None) -> torch.Tensor:
     """Stack 1-d rows of different lengths into ``[N, T]``, padding each on ``side`` (COLL-1, COLL-2).
 
@@ -112,14 +114,80 @@ def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(cu), max_seqlen
 
 
+def sample_cu_seqlens(position_ids: np.ndarray) -> np.ndarray:
+    """One sample's ``cu_seqlens`` at fixed width: int32 ``[L + 1]``, the segment starts then repeats of ``L``.
+
+    Every position id 0 starts a segment; the fixed width lets samples of one
+    batch stack (``PackedDataset.__getitem__``'s per-sample field).
+
+    >>> sample_cu_seqlens(np.array([0, 1, 2, 0])).tolist()
+    [0, 3, 4, 4, 4]
+    """
+    length = len(position_ids)
+    starts = np.flatnonzero(position_ids == 0)
+    cu = np.full(length + 1, length, dtype=np.int32)
+    cu[:len(starts)] = starts
+    return cu
+
+
+class SampleBatch(Sequence[dict[str, Any]]):
+    """A batch computed at once that reads as the list of its samples: what ``__getitems__`` returns.
+
+    Why both: torch's DataLoader hands ``dataset.__getitems__(keys)`` to its
+    ``collate_fn``, and its ``default_collate`` (and torchdata's
+    ``StatefulDataLoader``, and any user's collate) expects a list of
+    per-sample dicts. ``PackedDataset`` computes the whole batch in a fixed
+    number of numpy calls; this wrapper keeps that batch (``.batch``, which
+    ``collate`` returns as is) and shows each sample on demand: ``sb[i]`` is
+    ``dataset[keys[i]]`` field for field (tensor views into the batch, plus
+    the sample's own ``cu_seqlens``), so ``default_collate(sb)`` stacks the
+    same batch back.
+
+    >>> sb = SampleBatch({"input_ids": torch.tensor([[5, 6], [7, 8]]), "position_ids": torch.tensor([[0, 1], [1, 0]]),
+    ...                   "cu_seqlens": torch.tensor([0, 2, 3, 4], dtype=torch.int32), "max_seqlen": 2})
+    >>> len(sb), sb[1]["input_ids"].tolist(), sb[1]["cu_seqlens"].tolist()
+    (2, [7, 8], [1, 2, 2])
+    >>> collate(sb) is sb.batch
+    True
+    """
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: dict[str, Any]) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return int(self.batch["input_ids"].shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if not (is_int(index) and -n <= index < n):
+            raise IndexError(f"sample {index!r} of a batch of {n}: pass an int in [-{n}, {n})")
+        sample = {name: value[index] for name, value in self.batch.items() if name not in _BATCH_ONLY}
+        if "position_ids" in sample:
+            sample["cu_seqlens"] = torch.from_numpy(sample_cu_seqlens(sample["position_ids"].numpy()))
+        return sample
+
+    def __repr__(self) -> str:
+        return f"SampleBatch({len(self)} samples, fields {sorted(self.batch)})"
+
+
 def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
     """Stack a list of samples (dicts of equally shaped tensors) into ``[B, ...]`` tensors, plus varlen fields.
 
-    An already batched dict (a Mapping, such as what
-    ``impl.dataset.PackedDataset.__getitems__`` returns: torch's DataLoader
-    hands it to ``collate_fn`` as is) passes through unchanged, with
-    ``cu_seqlens`` / ``max_seqlen`` computed from its ``position_ids`` if
-    either is missing.
+    A ``SampleBatch`` (what ``impl.dataset.PackedDataset.__getitems__``
+    returns: torch's DataLoader hands it to ``collate_fn`` as is) gives its
+    already computed batch, unchanged. An already batched dict (a Mapping)
+    passes through, with ``cu_seqlens`` / ``max_seqlen`` computed from its
+    ``position_ids`` if either is missing.
 
     Every sample must have the same keys and each key the same shape (packed
     samples all have ``seq_len`` positions; a ``pad`` end-of-epoch slot is a
@@ -133,12 +201,14 @@ def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str,
     Why strict: a field silently dropped or padded with the wrong value is data
     loss no later stage can see (COLL-10's reasoning).
     """
+    if type(batch) is SampleBatch:
+        return batch.batch
     if isinstance(batch, Mapping):
         if "position_ids" not in batch or ("cu_seqlens" in batch and "max_seqlen" in batch):
             return batch if isinstance(batch, dict) else dict(batch)
-        out = {key: value for key, value in batch.items() if key not in ("cu_seqlens", "max_seqlen")}
-        out["cu_seqlens"], out["max_seqlen"] = cu_seqlens(torch.as_tensor(out["position_ids"]))
-        return out
+        given = {key: value for key, value in batch.items() if key not in _BATCH_ONLY}
+        given["cu_seqlens"], given["max_seqlen"] = cu_seqlens(torch.as_tensor(given["position_ids"]))
+        return given
     require(len(batch) > 0, ConfigError, "batch is empty; collate needs at least one sample")
     keys = list(batch[0])
     out: dict[str, Any] = {}

@@ -55,14 +55,14 @@ import os
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
-from impl.collation import batch_cu_seqlens
+from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.errors import ConfigError, EmptyDataError, is_integer, require
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import (
@@ -78,11 +78,12 @@ from impl.packing import (
 from impl.packing import (
     num_samples as plan_num_samples,
 )
+from impl.partition import SampleKey, padding_rows
 from impl.store import TokenStore
 from reference.ordering import OrderingConfig
 from reference.packing import MODES, STREAM_MODES, PackingConfig
 from reference.partition import PADDING
-from reference.resume import PipelineConfig, canonical_json, padding_sample, pipeline_fingerprint
+from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint
 
 __all__ = ["PackedDataset", "SampleKey", "SHUFFLES", "PLAN_FORMAT", "PLAN_VERSION", "batch_cu_seqlens"]
 
@@ -95,13 +96,6 @@ PLAN_LRU = 2
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 _PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_continuation", "add_bos", "add_eos",
                   "min_len")
-
-
-class SampleKey(NamedTuple):
-    """Which sample to compute: ``index`` of epoch ``epoch``'s global stream; ``index == -1`` (PADDING) is padding."""
-
-    epoch: int
-    index: int
 
 
 def _open_store(store: TokenStore | str | os.PathLike) -> TokenStore:
@@ -275,9 +269,28 @@ class PackedDataset(Dataset):
     # ------------------------------------------------------------ epochs and sizes
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch a plain int index refers to (keys carry their own)."""
+        """The epoch a plain int index refers to (keys carry their own), in this process and in DataLoader workers."""
         require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         self.epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of plain int indices, held in one shared-memory int64.
+
+        Why shared memory: a plain ``DataLoader(ds, num_workers=2,
+        persistent_workers=True)`` keeps the copies of the dataset its workers
+        got when they started, so an attribute set by ``ds.set_epoch(1)`` in
+        the training process never reaches them and epoch 0 repeats. The cell
+        is shared with forked workers (inherited mapping) and spawned ones
+        (torch's pickler shares the storage); plain ``pickle`` copies the value.
+        """
+        return int(self._epoch_cell.item())
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        if "_epoch_cell" not in self.__dict__:
+            self._epoch_cell = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch_cell.fill_(int(value))
 
     def num_samples(self, epoch: int) -> int:
         """Samples of epoch ``epoch`` (closed form for concat/chunk/none: the same every epoch; bin modes: the plan's)."""
@@ -468,8 +481,7 @@ class PackedDataset(Dataset):
         epoch, index = self._resolve(SampleKey(epoch, index))
         p = self.config.packing
         if index == PADDING:
-            pad = padding_sample(p)
-            out = {name: np.asarray(getattr(pad, name), dtype=np.int64) for name in FIELDS}
+            out = {name: row[0] for name, row in padding_rows(1, p).items()}
         else:
             out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch))
             del out["document_starts"]
@@ -571,14 +583,17 @@ class PackedDataset(Dataset):
             return out
         return self._rows(*resolved)
 
-    def __getitems__(self, keys: list[Any]) -> dict[str, Any]:
-        """A whole batch at once: what ``impl.collation.collate`` makes of ``[ds[k] for k in keys]``, computed batched.
+    def __getitems__(self, keys: list[Any]) -> SampleBatch:
+        """A whole batch at once, as a ``SampleBatch``: reads as ``[ds[k] for k in keys]``, computed batched.
 
         torch's DataLoader (>= 2.1) calls ``dataset.__getitems__(batch_of_keys)``
-        when it exists and hands the result to ``collate_fn``; ``collate``
-        passes this dict through. Keys as ``__getitem__`` takes them
+        when it exists and hands the result to ``collate_fn``: torch's
+        ``default_collate`` (a plain ``DataLoader``, torchdata's
+        ``StatefulDataLoader``) sees the list of samples and stacks them;
+        ``impl.collation.collate`` takes the batch computed here
+        (``result.batch``) as is. Keys as ``__getitem__`` takes them
         (``SampleKey``, ``(epoch, index)`` or a plain int of the current
-        epoch; epochs may mix, ``index == -1`` is padding). Returns
+        epoch; epochs may mix, ``index == -1`` is padding). Its batch holds
         ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,
         ``token_offsets`` (int64 ``[B, seq_len]``), ``epoch``,
         ``sample_index`` (int64 ``[B]``), ``cu_seqlens`` (int32, over the
@@ -588,13 +603,9 @@ class PackedDataset(Dataset):
         Why: one ``impl.packing.materialize_batch`` per epoch in the batch
         costs a fixed number of numpy calls, where ``B`` calls of
         ``__getitem__`` plus ``collate`` pay ~20 numpy calls per sample.
-
-        Note: the result is a batch, not a list of samples; a ``collate_fn``
-        other than ``impl.collation.collate`` must accept it (or set
-        ``__getitems__ = None`` on a subclass to get per-sample lists).
         """
-        return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-                for name, value in self._batch(keys).items()}
+        return SampleBatch({name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                            for name, value in self._batch(keys).items()})
 
 
 def _distinct(values: np.ndarray) -> list[int]:
@@ -608,7 +619,6 @@ def _distinct(values: np.ndarray) -> list[int]:
 
 
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:
-    """``rows`` padding samples (``reference.resume.padding_sample``), int64 ``[rows, seq_len]``."""
-    pad = padding_sample(p)
-    return {name: np.tile(np.asarray(getattr(pad, name), dtype=np.int64), (rows, 1)) for name in FIELDS}
+    """``rows`` padding samples (``impl.partition.padding_rows``), int64 ``[rows, seq_len]``."""
+    return padding_rows(rows, p)
 

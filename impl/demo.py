@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,8 @@ class TinyLM(torch.nn.Module):
         self.out = torch.nn.Linear(dim, vocab)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.tanh(self.mix(self.embed(input_ids))))
+        logits: torch.Tensor = self.out(torch.tanh(self.mix(self.embed(input_ids))))
+        return logits
 
 
 def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str, Any]) -> None:
@@ -136,7 +138,7 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
     dist.destroy_process_group()
 
 
-def _chain(first: Any, rest: Any):
+def _chain(first: Any, rest: Any) -> Iterator[Any]:
     yield first
     yield from rest
 
@@ -152,10 +154,10 @@ def _save_checkpoint(ckpt: Path, model: torch.nn.Module, meta: dict[str, Any]) -
 
 
 def _run_phase(phase: int, world: int, workdir: Path, cfg: DemoConfig) -> float:
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import start_processes
 
     t0 = time.perf_counter()
-    context = mp.start_processes(_rank_main, args=(world, phase, str(workdir), asdict(cfg)), nprocs=world,
+    context = start_processes(_rank_main, args=(world, phase, str(workdir), asdict(cfg)), nprocs=world,
                                  join=False, start_method="spawn")
     deadline = time.monotonic() + cfg.join_timeout_s
     while not context.join(timeout=5):

@@ -8,8 +8,10 @@ Why a wrapper around the DataLoader: a DataLoader with workers iterates its
 batch sampler ahead of the training loop (``prefetch_factor * num_workers``
 batches), so the sampler's position says what was *computed*, not what was
 *trained*. ``ElasticLoader`` counts the batches it hands to the training loop
-and advances ``consumed`` with ``reference.partition.advance`` per handed-out
-step (RES-6). The state is the reference's: ``{"format", "version",
+and advances ``consumed`` with ``impl.partition.advance`` per handed-out
+step (RES-6). The loader is the one owner of the position ``(epoch,
+consumed)``: its sampler holds none and asks ``loader.position()`` where to
+start each pass. The state is the reference's: ``{"format", "version",
 "fingerprint", "epoch", "consumed"}`` (RES-2), with ``consumed`` counting the
 epoch's *global* stream, so it loads on another world size, per-rank batch
 size or worker count (RES-4, RES-5).
@@ -26,8 +28,22 @@ larger one dropped, as PART-8 allows).
 already inside it (so a resumed state survives the usual
 ``loader.set_epoch(epoch)`` at the top of the training loop).
 
+Settings: the dataset's config owns every setting that changes the data
+(``end`` included, since it is part of the fingerprint in every state); the
+loader reads ``end`` from the dataset and refuses a contradicting ``end=``.
+A topology under which the epoch has no step at all is refused at build time
+(``TopologyError`` naming the sample count and the global batch).
+
+Abandoned iterators: ``set_epoch`` to another epoch, ``load_state_dict`` and a
+new ``iter()`` take over from the live iterator, which is closed (its workers
+released) and yields nothing more.
+
 Workers: each key carries its epoch (``SampleKey``), so workers, persistent or
-not, never depend on ``set_epoch`` reaching their dataset copy. The default
+not, never depend on ``set_epoch`` reaching their dataset copy. An exception
+raised in a worker (in the dataset or the collate function) reaches the
+training loop as the same exception, type and message (torch would re-raise
+it with a rewritten message, or lose it as "worker exited unexpectedly"),
+with the worker's traceback attached as a note. The default
 ``multiprocessing_context=None`` keeps torch's default (``fork`` on Linux):
 the dataset is numpy over memory-mapped files, which fork shares for free,
 while ``spawn`` would pay a fresh interpreter plus ``import torch`` per worker
@@ -51,7 +67,9 @@ Worked example (a training loop that checkpoints, and a restart on 3 ranks)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import pickle
+import traceback
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -59,9 +77,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from impl.collation import collate
-from impl.errors import ConfigError, StateError, is_int, require
-from impl.partition import ElasticSampler
-from reference.partition import advance, steps_in_epoch
+from impl.errors import ConfigError, StateError, TopologyError, is_int, require
+from impl.partition import ElasticSampler, advance, steps_in_epoch
+from reference.partition import PartitionConfig
 from reference.resume import make_state, validate_state
 
 __all__ = ["ElasticLoader", "build_dataloader"]
@@ -78,16 +96,21 @@ class ElasticLoader:
     Build it with :func:`build_dataloader`.
     """
 
-    def __init__(self, dataset: Any, sampler: ElasticSampler, dataloader: DataLoader, *, from_numpy: bool = False) -> None:
+    def __init__(self, dataset: Any, sampler: ElasticSampler, dataloader: DataLoader[Any], *, from_numpy: bool = False) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.dataloader = dataloader
         self._from_numpy = from_numpy
-        self._epoch = sampler.epoch
-        self._consumed = 0
+        self._epoch, self._consumed = sampler.position()
         self._generation = 0
+        self._live: Generator[Any, None, None] | None = None
+        sampler.position = self.position
 
     # ------------------------------------------------------------ position
+
+    def position(self) -> tuple[int, int]:
+        """``(epoch, consumed)``: where the next pass starts; the sampler reads it here."""
+        return self._epoch, self._consumed
 
     @property
     def epoch(self) -> int:
@@ -100,10 +123,10 @@ class ElasticLoader:
 
     @property
     def fingerprint(self) -> str:
-        return self.dataset.fingerprint
+        return str(self.dataset.fingerprint)
 
     @property
-    def partition(self):
+    def partition(self) -> PartitionConfig:
         return self.sampler.config
 
     def num_samples(self, epoch: int | None = None) -> int:
@@ -122,8 +145,19 @@ class ElasticLoader:
         """Start ``epoch`` from its beginning unless the state already sits inside it (RES-7)."""
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         if epoch != self._epoch:
+            self._take_over()
             self._epoch, self._consumed = epoch, 0
-            self._generation += 1
+
+    def _take_over(self) -> int:
+        """A new position or pass: the live iterator (if any) is closed and will yield nothing more."""
+        self._generation += 1
+        live, self._live = self._live, None
+        if live is not None:
+            try:
+                live.close()
+            except ValueError:  # pragma: no cover - closing from inside its own next() (a re-entrant call)
+                pass
+        return self._generation
 
     # ------------------------------------------------------------ state
 
@@ -135,35 +169,41 @@ class ElasticLoader:
         """Continue at the state's position; refuse a state that does not fit (RES-3).
 
         Raises ``StateError`` naming the mismatch and the fix for a foreign
-        format, a newer version, another fingerprint (other data or pipeline
-        config), or ``consumed`` beyond the epoch's samples.
+        format, an unsupported version, missing or extra keys, another
+        fingerprint (other data or pipeline config), integers out of bounds,
+        or ``consumed`` beyond the epoch's samples.
         """
         epoch, consumed = validate_state(state, self.fingerprint)
         total = self.num_samples(epoch)
         require(consumed <= total, StateError,
                 f"state has consumed={consumed} but epoch {epoch} holds {total} samples: it was taken on other data "
                 "or config; start from a fresh state or restore the matching data")
+        self._take_over()
         self._epoch, self._consumed = epoch, consumed
-        self._generation += 1
 
     # ------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[Any]:
-        self._generation += 1
-        return self._run(self._generation)
+        generation = self._take_over()
+        self._live = self._run(generation)
+        return self._live
 
-    def _run(self, generation: int) -> Iterator[Any]:
+    def _run(self, generation: int) -> Generator[Any, None, None]:
         epoch, consumed = self._epoch, self._consumed
         total = self.num_samples(epoch)
         config = self.partition
         remaining = steps_in_epoch(total, config, consumed)
-        if remaining:
-            self.sampler.set_position(epoch, consumed)
-            iterator = iter(self.dataloader)
+        if remaining and generation == self._generation:
+            iterator = iter(self.dataloader)  # the sampler starts at self.position(), read now
             try:
-                for batch in iterator:
-                    if generation != self._generation:
-                        return  # set_epoch / load_state_dict / a newer iter() took over
+                # The generation is checked before every pull: an abandoned iterator never
+                # takes a batch from a (persistent) DataLoader iterator that a newer pass reuses.
+                while remaining and generation == self._generation:
+                    batch: Any = next(iterator, _END)
+                    if batch is _END:
+                        break
+                    if type(batch) is WorkerFailure:
+                        raise batch.error
                     # Count the batch before handing it out: state_dict() in the loop
                     # body must already include it, and nothing the workers merely
                     # prefetched (RES-6).
@@ -171,19 +211,109 @@ class ElasticLoader:
                     remaining -= 1
                     self._consumed = consumed
                     yield tensors_from_numpy(batch) if self._from_numpy else batch
-                    if not remaining:
-                        break
             finally:
                 del iterator
-            require(remaining == 0 or generation != self._generation, StateError,
+            if generation != self._generation:
+                return
+            require(remaining == 0, StateError,
                     f"the DataLoader ended epoch {epoch} with {remaining} of its steps left: its batch sampler was "
                     "changed behind the loader's back; iterate the ElasticLoader and leave loader.sampler alone")
         if generation == self._generation:
             self._epoch, self._consumed = epoch + 1, 0  # the pass is over: the next one is the next epoch (RES-7)
+            self._live = None
 
     def __repr__(self) -> str:
         return (f"ElasticLoader({self.sampler!r}, num_workers={self.dataloader.num_workers}, "
                 f"epoch={self._epoch}, consumed={self._consumed})")
+
+
+_END = object()
+
+
+class WorkerFailure:
+    """An exception raised in a DataLoader worker, carried to the training process as the batch's place.
+
+    Why: torch re-raises a worker's exception as ``type(exc)(rewritten
+    message)`` (or, when that fails, as a different error), so an ``except
+    StateError`` around the training loop sees another message, and a typed
+    error whose constructor takes other arguments is lost. Here the worker
+    pickles the exception itself; ``ElasticLoader`` raises it unchanged, with
+    the worker's traceback as a note (``exc.__notes__``). An exception that
+    does not survive pickling is left to torch.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    @classmethod
+    def capture(cls, exc: BaseException) -> WorkerFailure | None:
+        info = torch.utils.data.get_worker_info()
+        where = f"DataLoader worker {info.id}" if info is not None else "the DataLoader"
+        try:
+            copy = pickle.loads(pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - any failure to round-trip means: leave the exception to torch
+            return None
+        if type(copy) is not type(exc) or str(copy) != str(exc):
+            return None
+        copy.add_note(f"raised in {where}:\n{''.join(traceback.format_exception(exc)).rstrip()}")
+        return cls(copy)
+
+
+class _Fetch(Dataset[Any]):
+    """The dataset as the DataLoader fetches it: one call per batch of keys.
+
+    ``batched``: hand the keys to the dataset's ``__getitems__`` (the batched
+    path ``impl.collation.collate`` accepts); else a list of ``dataset[key]``
+    (what a user's own ``collate_fn`` expects). ``guarded`` (in workers): an
+    exception becomes a ``WorkerFailure`` returned in the batch's place.
+    """
+
+    def __init__(self, dataset: Any, *, batched: bool, guarded: bool) -> None:
+        self.dataset = dataset
+        self.batched = batched
+        self.guarded = guarded
+
+    def _fetch(self, keys: list[Any]) -> Any:
+        if self.batched:
+            return self.dataset.__getitems__(keys)
+        return [self.dataset[key] for key in keys]
+
+    def __getitems__(self, keys: list[Any]) -> Any:
+        if not self.guarded:
+            return self._fetch(keys)
+        try:
+            return self._fetch(keys)
+        except Exception as exc:
+            failure = WorkerFailure.capture(exc)
+            if failure is None:
+                raise
+            return failure
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.dataset[key]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+class _GuardedCollate:
+    """``collate_fn`` in a worker: passes a ``WorkerFailure`` through and turns its own exceptions into one."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, batch: Any) -> Any:
+        if type(batch) is WorkerFailure:
+            return batch
+        try:
+            return self.collate_fn(batch)
+        except Exception as exc:
+            failure = WorkerFailure.capture(exc)
+            if failure is None:
+                raise
+            return failure
 
 
 _WIRE_DTYPES = tuple((np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max))
@@ -243,37 +373,23 @@ def tensors_from_numpy(batch: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class _PerSample(Dataset):
-    """The dataset without its batched ``__getitems__``: a custom ``collate_fn`` gets a list of samples.
-
-    torch's fetcher calls ``dataset.__getitems__`` whenever it exists and hands
-    its result to ``collate_fn``; ``impl.collation.collate`` accepts the
-    batched dict, but a user's own collate function expects per-sample dicts.
-    """
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __getitem__(self, key: Any) -> Any:
-        return self.dataset[key]
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-
 def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, world_size: int | None = None,
-                     replication: int = 1, end: str = "drop_last", num_workers: int = 0, pin_memory: bool = False,
+                     replication: int = 1, end: str | None = None, num_workers: int = 0, pin_memory: bool = False,
                      prefetch_factor: int | None = None, persistent_workers: bool = False,
-                     collate_fn: Callable[[list[Any]], Any] = collate,
-                     multiprocessing_context: Any = None, **dataloader_kwargs: Any) -> ElasticLoader:
+                     collate_fn: Callable[[Any], Any] = collate, multiprocessing_context: Any = None,
+                     allow_empty_epoch: bool = False, **dataloader_kwargs: Any) -> ElasticLoader:
     """The loader of one rank: ``ElasticLoader`` over ``DataLoader(dataset, batch_sampler=ElasticSampler(...))``.
 
     ``dataset`` is an ``impl.dataset.PackedDataset`` (or anything with
     ``num_samples(epoch)``, ``fingerprint`` and ``__getitem__(SampleKey)``).
     ``rank``/``world_size`` default to ``torch.distributed``'s process group
     when initialised, else ``0``/``1``. ``batch_size`` is per rank; the global
-    batch is ``world_size // replication * batch_size``. Extra keyword
-    arguments go to the DataLoader (``timeout``, ``worker_init_fn``, ...).
+    batch is ``world_size // replication * batch_size``. ``end`` is read from
+    the dataset's config; passing it is allowed only to repeat it. An epoch
+    with no step for this topology is refused (``TopologyError``) unless
+    ``allow_empty_epoch=True`` (a conformance kit comparing tiny corpora with
+    the reference wants the empty loader). Extra keyword arguments go to the
+    DataLoader (``timeout``, ``worker_init_fn``, ...).
 
     >>> loader = build_dataloader(dataset, batch_size=8, num_workers=2)   # doctest: +SKIP
     >>> batch = next(iter(loader)); batch["input_ids"].shape              # doctest: +SKIP
@@ -286,12 +402,23 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
             "pass num_workers >= 1 or leave them at None/False")
     sampler = ElasticSampler(dataset, batch_size=batch_size, rank=rank, world_size=world_size,
                              replication=replication, end=end)
-    fetched = dataset if collate_fn is collate else _PerSample(dataset)
+    if not allow_empty_epoch:
+        epoch = sampler.position()[0]
+        total, config = sampler.num_samples(epoch), sampler.config
+        require(steps_in_epoch(total, config) > 0, TopologyError,
+                f"epoch {epoch} holds {total} samples, but one step takes world_size // replication x batch_size = "
+                f"{config.data_parallel_size} x {config.batch_size} = {config.global_batch_size} of them "
+                f"(end={config.end!r}): this loader would yield no batch at all; lower batch_size or the number of "
+                "ranks, use more data, or build the dataset with end='pad'")
+    batched = collate_fn is collate and callable(getattr(dataset, "__getitems__", None))
     over_pipe = collate_fn is collate and num_workers > 0 and not pin_memory
-    dataloader = DataLoader(fetched, batch_sampler=sampler, num_workers=num_workers,
-                            collate_fn=collate_to_numpy if over_pipe else collate_fn,
+    chosen: Callable[[Any], Any] = collate_to_numpy if over_pipe else collate_fn
+    guarded = num_workers > 0
+    fetched = _Fetch(dataset, batched=batched, guarded=guarded)
+    if guarded:
+        chosen = _GuardedCollate(chosen)
+    dataloader = DataLoader(fetched, batch_sampler=sampler, num_workers=num_workers, collate_fn=chosen,
                             pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                             persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
                             **dataloader_kwargs)
     return ElasticLoader(dataset, sampler, dataloader, from_numpy=over_pipe)
-

@@ -21,8 +21,8 @@ positions asked for, so a billion-document epoch needs no billion-entry array
 per-window Feistel permutations are evaluated for all windows at once with one
 key per element (``impl.rng.feistel``; the same network as
 ``impl.rng.FeistelPermutation``). For a handful of positions (a sample's
-documents) ``EpochOrder`` uses ``reference.rng``'s scalar network instead,
-which is bit-identical and several times faster than numpy on tiny arrays;
+documents) ``EpochOrder`` uses impl's scalar network (``impl.rng.ScalarFeistel``)
+instead, which is bit-identical and several times faster than numpy on tiny arrays;
 a sequential reader (a loader) gets whole blocks of ``BLOCK`` positions
 evaluated at once and cached (a few blocks, never the whole order).
 
@@ -47,11 +47,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from impl.errors import ConfigError, is_integer, require
-from impl.rng import GOLDEN_GAMMA, MASK64, FeistelPermutation, Stream, derive_key, feistel, mix64, subkey
+from impl.rng import GOLDEN_GAMMA, MASK64, FeistelPermutation, ScalarFeistel, Stream, derive_key, feistel, mix64, subkey
 from reference.ordering import OrderingConfig
-from reference.rng import FeistelPermutation as ScalarFeistel
 
-__all__ = ["EpochOrder", "epoch_order", "order_at", "file_order", "SUPPORTED_KINDS", "BUFFER_MESSAGE"]
+__all__ = ["BUFFER_MESSAGE", "SUPPORTED_KINDS", "EpochOrder", "epoch_order", "file_order", "order_at"]
 
 SUPPORTED_KINDS = ("sequential", "global", "window")
 
@@ -145,8 +144,18 @@ class EpochOrder:
     ([4, 1], 5)
     """
 
-    __slots__ = ("kind", "n", "_perm", "_scalar_perm", "_window", "_key", "_file_cum", "_file_base", "_blocks",
-                 "_last_block")
+    __slots__ = (
+        "_blocks",
+        "_file_base",
+        "_file_cum",
+        "_key",
+        "_last_block",
+        "_perm",
+        "_scalar_perm",
+        "_window",
+        "kind",
+        "n",
+    )
 
     def __init__(self, file_sizes: Sequence[int] | np.ndarray, config: OrderingConfig, epoch: int) -> None:
         _check_kind(config)
@@ -154,8 +163,8 @@ class EpochOrder:
         epoch = _check_epoch(epoch)
         self.kind = config.kind
         self.n = int(sizes.sum())
-        self._perm = None
-        self._scalar_perm = None
+        self._perm: FeistelPermutation | None = None
+        self._scalar_perm: ScalarFeistel | None = None
         self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._last_block: int | None = None
         if config.kind == "global":
@@ -193,12 +202,13 @@ class EpochOrder:
         return self._vector(pos)
 
     def _vector(self, pos: np.ndarray) -> np.ndarray:
-        if self.kind == "global":
+        if self._perm is not None:
             return self._perm(pos)
         flat = pos.reshape(-1)
         s = _window_source(self.n, self._window, self._key, flat)
         j = np.searchsorted(self._file_cum, s, side="right") - 1
-        return (s + self._file_base[j]).reshape(pos.shape)
+        out: np.ndarray = (s + self._file_base[j]).reshape(pos.shape)
+        return out
 
     def _from_blocks(self, pos: np.ndarray) -> np.ndarray | None:
         """The ids from cached blocks of ``BLOCK`` positions, or None (then the caller evaluates the positions).
@@ -238,17 +248,18 @@ class EpochOrder:
                     self._blocks.move_to_end(b)
             tables.append(table)
         table = tables[0] if lo == hi else np.concatenate(tables)
-        return table[pos - lo * BLOCK]
+        found: np.ndarray = table[pos - lo * BLOCK]
+        return found
 
     def _scalar(self, pos: np.ndarray) -> np.ndarray:
-        """Few positions: ``reference.rng``'s scalar Feistel network (the spec impl.rng mirrors bit for bit).
+        """Few positions: ``impl.rng.ScalarFeistel``, the same network on Python integers.
 
         Why: a numpy call costs ~100 µs of fixed overhead per Feistel
         evaluation, a scalar one ~10 µs per position; a sample of a packed
         dataset needs only a handful of positions.
         """
         flat = pos.reshape(-1).tolist()
-        if self.kind == "global":
+        if self._perm is not None:
             if self._scalar_perm is None:
                 self._scalar_perm = ScalarFeistel(self.n, self._perm.key)
             out = [self._scalar_perm(p) for p in flat]
@@ -261,7 +272,8 @@ class EpochOrder:
                 sources.append(start + ScalarFeistel(min(w, n - start), subkey(self._key, k))(j))
             s = np.asarray(sources, dtype=np.int64)
             j = np.searchsorted(self._file_cum, s, side="right") - 1
-            return (s + self._file_base[j]).reshape(pos.shape)
+            ids: np.ndarray = (s + self._file_base[j]).reshape(pos.shape)
+            return ids
         return np.asarray(out, dtype=np.int64).reshape(pos.shape)
 
     def to_array(self) -> np.ndarray:

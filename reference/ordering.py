@@ -32,6 +32,7 @@ Worked example (files of 3, 0 and 2 documents)::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -347,4 +348,4 @@ def adjacency_preservation(order: Sequence[int]) -> float:
     """
     if len(order) < 2:
         return 0.0
-    return sum(abs(b - a) == 1 for a, b in zip(order, order[1:])) / (len(order) - 1)
+    return sum(abs(b - a) == 1 for a, b in itertools.pairwise(order)) / (len(order) - 1)

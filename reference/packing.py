@@ -69,7 +69,7 @@ Document = tuple[int, Sequence[int]]
 
 def _require_int(name: str, value: object, minimum: int | None, fix: str) -> None:
     bound = "" if minimum is None else f" >= {minimum}"
-    require(is_int(value) and (minimum is None or value >= minimum), ConfigError,
+    require(isinstance(value, int) and is_int(value) and (minimum is None or value >= minimum), ConfigError,
             f"{name}={value!r} must be an integer{bound}; {fix}")
 
 
@@ -202,7 +202,9 @@ def prepare(tokens: Sequence[int], config: PackingConfig) -> tuple[int, ...]:
     >>> prepare([5, 6], PackingConfig(seq_len=4, add_bos=True, bos_id=1, add_eos=True, eos_id=2))
     (1, 5, 6, 2)
     """
-    return (config.bos_id,) * config.add_bos + tuple(tokens) + (config.eos_id,) * config.add_eos
+    bos = (config.bos_id,) if config.add_bos and config.bos_id is not None else ()
+    eos = (config.eos_id,) if config.add_eos and config.eos_id is not None else ()
+    return bos + tuple(tokens) + eos
 
 
 def prepared_length(length: int, config: PackingConfig) -> int:
@@ -562,7 +564,7 @@ def _fill_sample(pieces: Sequence[Piece], documents: Sequence[Document], prepare
         d = prepared[piece.doc]
         trained = trained_offsets(piece, len(d), config)
         starts.append(len(ids))
-        if has_continuation_bos(piece, config):
+        if has_continuation_bos(piece, config) and config.bos_id is not None:
             put(config.bos_id, IGNORE, doc_id, NO_OFFSET)
         for p in range(piece.start, piece.stop):
             put(d[p], d[p + 1] if p in trained else IGNORE, doc_id, p)

@@ -40,6 +40,11 @@ from reference.partition import PADDING, PartitionConfig, advance, data_parallel
 
 STATE_FORMAT = "loadspec.state"
 STATE_VERSION = 1
+SUPPORTED_STATE_VERSIONS = (1,)
+"""The state versions this loadspec reads: exact values, not a bound (0, -1 or "1" are no version it wrote)."""
+STATE_KEYS = frozenset({"format", "version", "fingerprint", "epoch", "consumed"})
+MAX_STATE_INT = 2**63 - 2
+"""Largest ``epoch`` / ``consumed`` a state may hold: batches carry both as int64, and ``epoch + 1`` must fit too."""
 PAD_SAMPLE_INDEX = PADDING
 
 Corpus = Sequence[Sequence[Sequence[int]]]
@@ -195,20 +200,45 @@ def make_state(fingerprint: str, epoch: int, consumed: int) -> dict[str, Any]:
 
 
 def validate_state(state: Mapping[str, Any], fingerprint: str) -> tuple[int, int]:
-    """Refuse a foreign, future-version or mismatched state with the reason and the fix (RES-3)."""
-    require(isinstance(state, Mapping), StateError, f"state must be a dict, got {type(state).__name__}")
+    """Refuse a state that loadspec did not write or that does not fit, with the reason and the fix (RES-3).
+
+    Checked in order: a mapping; the format; the version, one of
+    ``SUPPORTED_STATE_VERSIONS`` exactly (an int, not a bool or a string);
+    exactly the keys of ``STATE_KEYS``; the fingerprint; ``epoch`` and
+    ``consumed`` integers in ``[0, MAX_STATE_INT]``. Returns ``(epoch, consumed)``.
+
+    >>> good = make_state("f" * 64, 2, 10)
+    >>> validate_state(good, "f" * 64)
+    (2, 10)
+    >>> validate_state(dict(good, version=0), "f" * 64)
+    Traceback (most recent call last):
+    ...
+    reference.errors.StateError: state version 0 is not one this loadspec reads (supported: 1): a state from a newer loadspec needs that version (upgrade loadspec); any other value was not written by loadspec
+    """
+    require(isinstance(state, Mapping), StateError,
+            f"state must be a dict (a loader's state_dict()), got {type(state).__name__}; pass the dict you saved")
     require(state.get("format") == STATE_FORMAT, StateError,
-            f"state format {state.get('format')!r} is not {STATE_FORMAT!r}: this state was not written by loadspec")
+            f"state format {state.get('format')!r} is not {STATE_FORMAT!r}: this state was not written by loadspec; "
+            "pass the dict a loadspec loader's state_dict() returned")
     version = state.get("version")
-    require(isinstance(version, int) and version <= STATE_VERSION, StateError,
-            f"state version {version!r} is newer than this loadspec reads ({STATE_VERSION}); upgrade loadspec")
+    require(type(version) is int and version in SUPPORTED_STATE_VERSIONS, StateError,
+            f"state version {version!r} is not one this loadspec reads (supported: "
+            f"{', '.join(map(str, SUPPORTED_STATE_VERSIONS))}): a state from a newer loadspec needs that version "
+            "(upgrade loadspec); any other value was not written by loadspec")
+    keys = set(state)
+    require(keys == STATE_KEYS, StateError,
+            f"state keys {sorted(keys)} are not {sorted(STATE_KEYS)} (missing: {sorted(STATE_KEYS - keys)}, "
+            f"extra: {sorted(keys - STATE_KEYS)}): it was edited or written by another tool; "
+            "pass the dict state_dict() returned, unchanged")
     require(state.get("fingerprint") == fingerprint, StateError,
             f"state fingerprint {str(state.get('fingerprint'))[:12]}… does not match this data and config "
             f"({fingerprint[:12]}…): the checkpoint belongs to another dataset or pipeline configuration; "
             "restore the original data/config or start from a fresh state")
-    epoch, consumed = state.get("epoch"), state.get("consumed")
-    require(isinstance(epoch, int) and epoch >= 0 and isinstance(consumed, int) and consumed >= 0, StateError,
-            f"state epoch={epoch!r}, consumed={consumed!r} must be non-negative integers")
+    epoch, consumed = state["epoch"], state["consumed"]
+    for name, value in (("epoch", epoch), ("consumed", consumed)):
+        require(type(value) is int and 0 <= value <= MAX_STATE_INT, StateError,
+                f"state {name}={value!r} must be an integer in [0, {MAX_STATE_INT}] (it is carried as int64): "
+                "the state is corrupt or edited; start from a fresh state or an earlier checkpoint")
     return epoch, consumed
 
 

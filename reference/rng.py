@@ -128,7 +128,7 @@ class FeistelPermutation:
     ``F_r(R) = mix64(key ^ mix64(r << 32 | R)) & (2**h - 1)``.
     """
 
-    __slots__ = ("n", "key", "half_bits", "half_mask")
+    __slots__ = ("half_bits", "half_mask", "key", "n")
 
     def __init__(self, n: int, key: int) -> None:
         self.half_bits = feistel_half_bits(n)

@@ -122,7 +122,7 @@ class ImplAdapter:
         dataset = self.dataset_factory(corpus, config, Path(workdir))
         loader = build_dataloader(dataset, batch_size=topology.batch_size, rank=topology.rank,
                                   world_size=topology.world_size, replication=topology.replication, end=config.end,
-                                  num_workers=topology.num_workers)
+                                  num_workers=topology.num_workers, allow_empty_epoch=True)
         return RowLoader(loader, rows_from_batch)
 
 

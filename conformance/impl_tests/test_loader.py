@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -145,14 +146,14 @@ def test_a_state_with_consumed_beyond_the_epoch_is_refused_naming_the_sample_cou
 def test_the_state_counts_only_batches_handed_out_while_two_workers_prefetch():
     loader = build_dataloader(dataset(), batch_size=2, num_workers=2, prefetch_factor=2)
     produced = []
-    batches = loader.sampler._batches
+    batches = loader.sampler.batches
 
     def counting(*args):
         for keys in batches(*args):
             produced.append(keys)
             yield keys
 
-    loader.sampler._batches = counting
+    loader.sampler.batches = counting
     iterator = iter(loader)
     got = [next(iterator) for _ in range(3)]
     state = json.loads(json.dumps(loader.state_dict()))
@@ -281,12 +282,14 @@ def test_every_group_batch_equals_the_reference_step_slice_bit_for_bit(total, wo
         assert_equal(group_batch(consumed, total, config, g), step[g] if step else [], clause="PART-2",
                      what=f"group {g} at consumed={consumed}", repro={"total": total, "config": config})
     rank = data.draw(st.integers(0, world - 1))
-    sampler = ElasticSampler(_Sized(total), batch_size=batch, rank=rank, world_size=world, replication=replication, end=end)
-    sampler.set_position(0, consumed)
+    sampler = ElasticSampler(_Sized(total), batch_size=batch, rank=rank, world_size=world, replication=replication, end=end,
+                             position=lambda: (0, consumed))
     expected = [s[rank // replication] for s in epoch_steps(total, config, start=consumed)]
     assert_equal([[k.index for k in keys] for keys in sampler], expected, clause="PART-9",
                  what=f"rank {rank}'s sampler from consumed={consumed}", repro={"total": total, "config": config})
-    check(sampler.steps_remaining == len(expected), clause="PART-10", what="steps_remaining")
+    assert_equal([[k.index for k in keys] for keys in sampler.batches(0, consumed)], expected, clause="PART-9",
+                 what=f"sampler.batches(0, {consumed})", repro={"total": total, "config": config})
+    check(len(sampler) == len(expected), clause="PART-10", what="len(sampler) from the position")
     check(all(isinstance(k, SampleKey) for keys in sampler for k in keys), clause="PART-2", what="keys are SampleKeys")
     check(rank_batch(consumed, total, config, rank) == (expected[0] if expected else []), clause="PART-1",
           what="first batch vs rank_batch")
@@ -330,7 +333,7 @@ def test_cu_seqlens_of_a_batch_is_the_reference_row_boundaries_offset_by_row(row
         expected = expected[:-1] + [b + r * length for b in ref_collation.cu_seqlens(row)]
     assert_equal(cu.tolist(), expected, clause="COLL-8", what="cu_seqlens", repro={"position_ids": rows_})
     check(cu.dtype == torch.int32, clause="COLL-8", what=f"dtype {cu.dtype}")
-    diffs = [b - a for a, b in zip(expected, expected[1:])]
+    diffs = [b - a for a, b in pairwise(expected)]
     check(longest == max(diffs, default=0), clause="COLL-8", what=f"max_seqlen={longest}, segments {diffs}")
 
 
@@ -428,3 +431,78 @@ def test_workers_send_token_ids_in_fewer_bytes_than_int64():
     wire = collate_to_numpy(batch)
     assert wire["input_ids"].dtype.itemsize == 2 and wire["labels"].dtype.itemsize == 1
     assert len(pickle.dumps(wire)) < 4096 * 8 // 2
+
+
+# --------------------------------------------------------------------------- one owner per setting and position
+
+
+@pytest.mark.clause("PART-5", "RES-3")
+def test_a_pad_dataset_in_a_loader_without_end_pads_the_tail_as_its_fingerprint_says(tmp_path):
+    from impl.dataset import PackedDataset
+    from impl.store import TokenStore
+
+    store = TokenStore.from_token_files([[list(range(1, 30)), list(range(40, 52))]], tmp_path / "store", vocab_size=100)
+    padded = PackedDataset(store, seq_len=4, cache_dir=False, end="pad")
+    loader = build_dataloader(padded, batch_size=4)
+    total = padded.num_samples(0)
+    check(total % 4 != 0, clause="PART-5", what=f"{total} samples leave no tail to pad")
+    check(loader.partition.end == "pad", clause="PART-5", what=f"the loader's end is {loader.partition.end!r}")
+    indices = [i for batch in loader for i in batch["sample_index"].tolist()]
+    assert_equal(indices, list(range(total)) + [-1] * (-total % 4), clause="PART-5", what="the padded epoch")
+    drop = PackedDataset(store, seq_len=4, cache_dir=False)
+    check(padded.fingerprint != drop.fingerprint and loader.state_dict()["fingerprint"] == padded.fingerprint,
+          clause="RES-3", what="the state's fingerprint is the pad dataset's")
+
+
+@pytest.mark.clause("PART-3")
+def test_the_sampler_keeps_no_position_and_starts_where_the_loader_is():
+    loader = build_dataloader(dataset(), batch_size=2)
+    for name in ("set_epoch", "set_position", "advance", "state", "consumed"):
+        check(not hasattr(loader.sampler, name), clause="PART-3", what=f"the sampler still has {name}")
+    loader.load_state_dict(dict(loader.state_dict(), epoch=1, consumed=4))
+    first = next(iter(loader.sampler))
+    assert_equal(first, [SampleKey(1, 4), SampleKey(1, 5)], clause="PART-3", what="the sampler's first batch")
+    check(len(loader.sampler) == loader.steps_remaining, clause="PART-10", what="len(sampler) vs steps_remaining")
+
+
+@pytest.mark.clause("PART-3", "PART-5", "PART-10")
+@given(total=st.integers(0, 80), world=st.integers(1, 6), batch=st.integers(1, 5), end=st.sampled_from(END_POLICIES),
+       data=st.data())
+def test_impl_partition_arithmetic_equals_the_reference(total, world, batch, end, data):
+    from impl import partition as ip
+    from reference import partition as rp
+    from reference.resume import padding_sample
+
+    config = PartitionConfig(world_size=world, batch_size=batch, end=end)
+    consumed = data.draw(st.integers(0, total))
+    rep = {"total": total, "config": config, "consumed": consumed}
+    assert_equal(ip.advance(consumed, total, config), rp.advance(consumed, total, config), clause="PART-3",
+                 what="advance", repro=rep)
+    assert_equal(ip.steps_in_epoch(total, config, consumed), rp.steps_in_epoch(total, config, consumed),
+                 clause="PART-10", what="steps_in_epoch", repro=rep)
+    packing = PackingConfig(seq_len=batch + 1, pad_id=world)
+    pad = padding_sample(packing)
+    rows_ = ip.padding_rows(2, packing)
+    for name in ip.PADDING_FIELDS:
+        assert_equal(rows_[name].tolist(), [list(getattr(pad, name))] * 2, clause="PART-5", what=f"padding {name}",
+                     repro={"packing": packing})
+
+
+@pytest.mark.clause("RES-6")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterator_abandoned_by_load_state_dict_or_a_new_iter_yields_nothing_more(workers):
+    kw = {"num_workers": workers, "persistent_workers": True} if workers else {}
+    loader = build_dataloader(dataset(), batch_size=2, **kw)
+    expected = reference_rows(Topology(batch_size=2), len(loader))
+    old = iter(loader)
+    next(old)
+    state = loader.state_dict()
+    next(old)
+    loader.load_state_dict(state)
+    assert_equal(list(old), [], clause="RES-6", what="the iterator abandoned by load_state_dict")
+    newer = iter(loader)
+    head = next(newer)
+    newest = iter(loader)
+    assert_equal(list(newer), [], clause="RES-6", what="the iterator abandoned by a new iter()")
+    assert_equal(rows([head] + list(newest)), expected[1:], clause="RES-6",
+                 what="batches after load_state_dict and a new iter(), from the state's position")

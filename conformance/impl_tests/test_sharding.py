@@ -180,9 +180,9 @@ def test_views_of_a_packed_dataset_serve_its_samples_singly_and_in_batches(tmp_p
     for i in range(len(view)):
         assert_equal(view[i]["input_ids"].tolist(), dataset[int(view.indices[i])]["input_ids"].tolist(),
                      clause="SHARD-1", what=f"view sample {i}")
-    batch = view.__getitems__([0, 1])
+    batch = collate(view.__getitems__([0, 1]))   # a batch dict, or a SampleBatch holding one
     assert_equal(batch["sample_index"].tolist(), view.indices[:2].tolist(), clause="SHARD-1", what="batched keys")
-    loader = DataLoader(view, batch_size=2, collate_fn=collate)   # PackedDataset batches are dicts already
+    loader = DataLoader(view, batch_size=2, collate_fn=collate)
     assert_equal(sum(len(b["sample_index"]) for b in loader), len(view), clause="SHARD-1", what="DataLoader samples")
 
 

@@ -10,6 +10,7 @@ concatenation, the file bytes on disk).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -17,6 +18,7 @@ import pickle
 import random
 import shutil
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -743,7 +745,8 @@ def test_a_non_store_directory_in_the_way_is_refused_unless_overwrite(tmp_path, 
 
 def test_meta_json_records_counts_hashes_and_tokenizer_identity(small_store, tok, docs):
     meta = small_store.meta
-    assert meta["format"] == "loadspec.tokenstore" and meta["format_version"] == 1
+    assert meta["format"] == "loadspec.tokenstore" and meta["format_version"] == 2
+    assert meta["layout"]["block_bytes"] == store_module.BLOCK_BYTES and meta["layout"]["block_checksum"] == "crc32"
     assert meta["num_documents"] == 40
     assert meta["num_empty_documents"] == sum(not d.split() for d in docs) >= 3
     assert meta["options"] == {"text_field": "text", "add_bos": False, "add_eos": True, "batch_size": 1000,
@@ -754,6 +757,10 @@ def test_meta_json_records_counts_hashes_and_tokenizer_identity(small_store, tok
         assert record["size"] == path.stat().st_size
         assert record["sha256"] == store_module.sha256_file(path)
         assert record["quick_signature"] == store_module.quick_signature(path)
+        data = path.read_bytes()  # an independent oracle: zlib over plain slices of the file
+        block = store_module.BLOCK_BYTES
+        assert record["block_crc32"] == "".join(f"{zlib.crc32(data[a:a + block]):08x}"
+                                                for a in range(0, len(data), block))
         with pa.memory_map(str(path)) as mm:  # uncompressed Arrow IPC *file* with one list column
             column = pa.ipc.open_file(mm).get_batch(0).column(0)
         assert column.type == pa.large_list(pa.uint16()) and len(column) == record["num_documents"]
@@ -761,7 +768,7 @@ def test_meta_json_records_counts_hashes_and_tokenizer_identity(small_store, tok
 
 def test_build_options_are_a_frozen_keyword_only_dataclass_that_validates(tmp_path, tok):
     opts = BuildOptions(docs_per_file=3)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         opts.docs_per_file = 4  # frozen
     with pytest.raises(TypeError):
         BuildOptions("text")  # keyword-only
@@ -789,10 +796,8 @@ def test_atomic_writes_replace_the_target_and_leave_no_temp_files(tmp_path):
 def test_file_lock_excludes_a_second_holder_until_released(tmp_path):
     lock = lock_path_for(tmp_path / "cache")
     assert lock.endswith("cache.lock")
-    with file_lock(lock):
-        with pytest.raises(TimeoutError, match="could not lock"):
-            with file_lock(lock, timeout=0.1):
-                pass
+    with file_lock(lock), pytest.raises(TimeoutError, match="could not lock"), file_lock(lock, timeout=0.1):
+        pass
     with file_lock(lock, timeout=0.1):
         pass
 

@@ -10,6 +10,7 @@ expected token.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -125,7 +126,7 @@ def segments(sample: Sample) -> list[Seg]:
     used = sum(d != -1 for d in sample.doc_ids)
     bounds = list(sample.document_starts) + [used]
     out = []
-    for s, e in zip(bounds, bounds[1:]):
+    for s, e in itertools.pairwise(bounds):
         bos = sample.token_offsets[s] == -1
         offsets = sample.token_offsets[s + bos:e]
         out.append(Seg(sample.doc_ids[s], offsets[0], offsets[-1] + 1, bos, s, e))
@@ -611,7 +612,7 @@ def test_first_fit_never_skips_or_opens_a_bin_while_a_lower_bin_had_room(docs, c
 def test_best_fit_places_widest_first_into_the_tightest_bin_that_fits(docs, cfg):
     L, arrival, r = cfg.seq_len, _arrival(docs, cfg), repro(docs, cfg)
     for bins in _windows(docs, pk.pack(docs, cfg), cfg):
-        order = lambda g: (-_width(g), arrival(g))  # noqa: E731
+        order = lambda g: (-_width(g), arrival(g))
         where = {}
         for b, segs in enumerate(bins):
             check(segs == sorted(segs, key=order), clause="PACK-17", what=f"bin {b} not in (width desc, arrival) order", repro=r)

@@ -142,3 +142,21 @@ def test_impl_rng_reproduces_the_reference_bit_for_bit(key, n, bound):
                  what="impl unit", repro=repro)
     assert_equal(fast.FeistelPermutation(n, key).to_array().tolist(), rng.permutation(n, key), clause="RNG-5",
                  what="impl permutation", repro=repro)
+
+
+@pytest.mark.clause("RNG-1", "RNG-5", "RNG-6")
+@given(seed=u64, epoch=u64, stream=st.sampled_from(list(rng.Stream)), index=st.integers(0, 2**40),
+       n=st.integers(min_value=0, max_value=3000))
+def test_impl_key_derivation_and_scalar_feistel_are_impl_code_equal_to_the_reference(seed, epoch, stream, index, n):
+    repro = {"seed": seed, "epoch": epoch, "stream": stream, "index": index, "n": n}
+    key = fast.derive_key(seed, epoch, stream)
+    assert_equal(key, rng.derive_key(seed, epoch, stream), clause="RNG-1", what="impl derive_key", repro=repro)
+    assert_equal(fast.subkey(key, index), rng.subkey(key, index), clause="RNG-6", what="impl subkey", repro=repro)
+    assert_equal(fast.feistel_half_bits(n), rng.feistel_half_bits(n), clause="RNG-5", what="impl feistel_half_bits",
+                 repro=repro)
+    check(fast.derive_key is not rng.derive_key and fast.subkey is not rng.subkey, clause="RNG-1",
+          what="impl.rng re-exports the reference's functions instead of computing the keys itself")
+    scalar = fast.ScalarFeistel(n, key)
+    probe = sorted({0, n // 3, n // 2, n - 1} & set(range(n)))
+    assert_equal([scalar(i) for i in probe], [rng.FeistelPermutation(n, key)(i) for i in probe], clause="RNG-5",
+                 what="impl ScalarFeistel at a few positions", repro=repro)

@@ -8,7 +8,7 @@ from pathlib import Path
 from conformance.assertions import check
 
 ROOT = Path(__file__).resolve().parents[2]
-CLAUSE_HEADING = re.compile(r"^### ([A-Z]+-\d+): (.+)$", re.M)
+CLAUSE_HEADING = re.compile(r"^### ([A-Z]+-\d+): (.+)$", re.MULTILINE)
 
 
 def _clauses() -> dict[str, str]:

@@ -128,13 +128,20 @@ def test_three_ranks_checkpointed_mid_epoch_resume_on_two_and_train_every_sample
     _elastic(corpus, store_path, tmp_path, before=(3, 2), after=(2, 5), k=5)
 
 
+KILLS = [(2, 4, 4, 1, 0), (3, 2, 3, 2, 1)]
+"""(world size, batch size, checkpoint every, workers, seed offset): the victim and kill step are drawn from SEED."""
+
+
 @pytest.mark.clause("RES-1", "RES-6", "PART-9")
+@pytest.mark.parametrize(("world", "batch", "every", "workers", "offset"), KILLS)
 def test_a_rank_killed_with_sigkill_mid_epoch_and_a_restart_from_the_last_checkpoint_reproduce_the_epoch_gloo(
-        corpus, store_path, tmp_path):
-    world, batch, every = 2, 4, 4
-    victim, die_at = random.Random(SEED).randrange(world), random.Random(SEED + 1).randrange(every + 1, 6 * every)
+        corpus, store_path, tmp_path, world, batch, every, workers, offset):
+    draw = random.Random(SEED + 100 * offset)
+    victim, die_at = draw.randrange(world), draw.randrange(every + 1, 6 * every)
+    if offset == 0:  # the original draws, kept so the first case is the one this test always ran
+        victim, die_at = random.Random(SEED).randrange(world), random.Random(SEED + 1).randrange(every + 1, 6 * every)
     crashed = run_job(_job(store_path, tmp_path, "run1", batch_size=batch, checkpoint_every=every,
-                           die_at=(victim, die_at), num_workers=1), world, tmp_path)
+                           die_at=(victim, die_at), num_workers=workers), world, tmp_path)
     check(crashed.returncodes[victim] == -signal.SIGKILL, clause="RES-1",
           what=f"rank {victim} was to die by SIGKILL at step {die_at}: {crashed.describe()}")
     saved = json.loads((tmp_path / "checkpoint.json").read_text())

@@ -1,0 +1,198 @@
+"""(8) Block checksums: what ``TokenStore.check_blocks`` adds to a packed iteration, on first read and after.
+
+The fill path calls ``store.check_blocks(file, starts, stops)`` once per file
+a batch touches, for the token runs the batch copies. Workloads (page cache
+warm; shuffle ``none`` reads blocks in order, ``global`` in random order, the
+worst case for a first read since nearly every document lands in a block not
+yet verified):
+
+* ``impl``: the one-process packed iteration of ``test_throughput`` (batches
+  of 8 x 2048 tokens), no block checks in the timed loop: the baseline.
+* ``impl+check-first`` / ``impl+check-verified``: the same iteration plus
+  ``check_blocks`` over each batch's exact token runs, on a fresh store object
+  (every block unverified: a first read) or on one whose blocks are all
+  verified; ``impl+check-disabled`` makes the same calls with
+  ``check_blocks`` replaced by a no-op (the price of the calls alone).
+* ``check-first`` / ``check-verified``: only the ``check_blocks`` calls of
+  those batches, without the loader.
+* ``files-first``: every block of every file checked once on a fresh store
+  object (the one-time cost an epoch pays in total, whatever the order);
+  ``extra_info`` gives it per file and in GB/s. ``files-map``: mapping every
+  file (quick signature, Arrow footer, and the CRC of the blocks holding the
+  document offsets): the per-file cost of a file's first use.
+
+The batches' token runs come from ``harness.sample_runs`` (untimed); the
+iteration runs the epoch's first ``TPUT_TOKENS`` tokens like
+``test_throughput``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from benchmarks import harness
+from benchmarks.workloads import SEQ_LEN, TPUT_BATCH, TPUT_TOKENS
+
+
+@dataclasses.dataclass(frozen=True)
+class Integrity:
+    mode: str            # see the module docstring
+    shuffle: str = "global"
+
+    def __str__(self) -> str:
+        return f"{self.mode}-{self.shuffle}" if self.mode not in ("files-first", "files-map") else self.mode
+
+
+INTEGRITIES = (
+    Integrity("impl", "none"),
+    Integrity("impl+check-first", "none"),
+    Integrity("impl+check-verified", "none"),
+    Integrity("impl", "global"),
+    Integrity("impl+check-first", "global"),
+    Integrity("impl+check-verified", "global"),
+    Integrity("impl+check-disabled", "global"),
+    Integrity("check-first", "none"),
+    Integrity("check-first", "global"),
+    Integrity("check-verified", "global"),
+    Integrity("files-first"),
+    Integrity("files-map"),
+)
+
+
+def _groups(runs: list[list[tuple[int, int, int]]]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """One batch's runs as ``check_blocks`` arguments: per file touched, the starts and stops."""
+    flat = np.array([r for sample in runs for r in sample], dtype=np.int64).reshape(-1, 3)
+    return [(int(f), flat[flat[:, 0] == f, 1], flat[flat[:, 0] == f, 2]) for f in np.unique(flat[:, 0])]
+
+
+@pytest.fixture(scope="module")
+def datasets(corpus):
+    cache: dict = {}
+
+    def get(shuffle: str):
+        if shuffle not in cache:
+            cache[shuffle] = harness.impl_dataset(corpus, shuffle=shuffle)
+        return cache[shuffle]
+    return get
+
+
+@pytest.fixture(scope="module")
+def batch_groups(datasets, size):
+    """Per shuffle: the check_blocks calls of the batches a round iterates (after the untimed first batch)."""
+    cache: dict = {}
+
+    def get(shuffle: str):
+        if shuffle not in cache:
+            ds = datasets(shuffle)
+            n = min(TPUT_TOKENS[size] // (TPUT_BATCH * SEQ_LEN), ds.num_samples(0) // TPUT_BATCH - 1)
+            fts = [0, *np.cumsum(ds.store.file_token_counts).tolist()]
+            runs = harness.sample_runs(ds, 0, range(TPUT_BATCH, TPUT_BATCH * (n + 1)), fts)
+            cache[shuffle] = [_groups(runs[k:k + TPUT_BATCH]) for k in range(0, len(runs), TPUT_BATCH)]
+        return cache[shuffle]
+    return get
+
+
+def _fresh(corpus):
+    """A new store object with every file mapped (offsets checked) and no value block verified yet."""
+    from impl.store import TokenStore
+
+    store = TokenStore.open(corpus.store())
+    for f in range(store.num_files):
+        store._part(f)
+    return store
+
+
+def _verified(corpus):
+    store = _fresh(corpus)
+    for f, n in enumerate(store.file_token_counts):
+        store.check_blocks(f, np.array([0]), np.array([n]))
+    return store
+
+
+@pytest.mark.parametrize("w", INTEGRITIES, ids=str)
+def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, datasets, batch_groups, monkeypatch):
+    from impl.store import TokenStore
+
+    benchmark.group = "integrity"
+    rounds = 1 if smoke else 3
+    counted: dict = {"tokens": 0, "batches": 0}
+    held: dict = {}
+
+    if w.mode in ("files-first", "files-map"):
+        def setup():
+            from impl.store import TokenStore as Store
+
+            held["store"] = store = _fresh(corpus) if w.mode == "files-first" else Store.open(corpus.store())
+            return (store,), {}
+
+        def target(store):
+            if w.mode == "files-map":
+                for f in range(store.num_files):
+                    store._part(f)
+            else:
+                for f, n in enumerate(store.file_token_counts):
+                    store.check_blocks(f, np.array([0]), np.array([n]))
+            counted.update(tokens=store.num_tokens, batches=0)
+
+        benchmark.pedantic(target, setup=setup, rounds=rounds)
+        store = held["store"]
+        seconds = benchmark.stats.stats.min if benchmark.stats else float("nan")
+        nbytes = sum(r.size for r in store.file_records)
+        benchmark.extra_info.update(kind="integrity", mode=w.mode, size=corpus.size, files=store.num_files,
+                                    bytes=nbytes, ms_per_file=1e3 * seconds / store.num_files,
+                                    gb_per_s=nbytes / seconds / 1e9, block_bytes=store.meta["layout"]["block_bytes"])
+        return
+
+    groups = batch_groups(w.shuffle)
+    if w.mode == "impl+check-disabled":
+        monkeypatch.setattr(TokenStore, "check_blocks", lambda self, f, a, b: None)
+    make_store = {"first": _fresh, "verified": _verified, "disabled": _fresh}.get(w.mode.rsplit("-", 1)[-1])
+
+    if w.mode.startswith("check-"):
+        covered = sum(int((b - a).sum()) for batch in groups for _, a, b in batch)
+
+        def setup():
+            return (make_store(corpus),), {}
+
+        def target(store):
+            for batch in groups:
+                for f, a, b in batch:
+                    store.check_blocks(f, a, b)
+            counted.update(tokens=covered, batches=len(groups))
+    else:
+        ds = datasets(w.shuffle)
+        loader = harness.impl_loader(ds, batch_size=TPUT_BATCH, num_workers=0)
+        state0 = harness.impl_state(loader, 0)
+        checks = w.mode != "impl"
+
+        def setup():
+            held.pop("it", None)
+            loader.load_state_dict(state0)
+            it = iter(loader)
+            next(it)  # untimed: plan loaded, dataset's own store verified by its first fill
+            held["it"] = it
+            return (it, make_store(corpus) if checks else None), {}
+
+        def target(it, store):
+            tokens = 0
+            for batch_checks in groups:
+                batch = next(it)
+                if store is not None:
+                    for f, a, b in batch_checks:
+                        store.check_blocks(f, a, b)
+                tokens += harness.batch_tokens(batch)
+            counted.update(tokens=tokens, batches=len(groups))
+
+    benchmark.extra_info.update(kind="integrity", mode=w.mode, shuffle=w.shuffle, size=corpus.size, seq_len=SEQ_LEN,
+                                cache="warm")
+    try:
+        benchmark.pedantic(target, setup=setup, rounds=rounds)
+    finally:
+        held.clear()
+    assert counted["tokens"] > 0
+    seconds = benchmark.stats.stats.min if benchmark.stats else float("nan")
+    benchmark.extra_info.update(tokens=counted["tokens"], batches=counted["batches"],
+                                us_per_batch=1e6 * seconds / max(counted["batches"], 1))

@@ -1,0 +1,398 @@
+"""The token store never serves a changed token: block checksums, offsets, reopen, verify, close, format 1.
+
+Why these tests: a flipped bit on disk (a bad copy, a failing drive, an edit)
+turns into silently wrong training data unless a reader checks the bytes it
+is about to serve. Each test here fails for a plausible broken variant of the
+check: only the first file checked, one reader path forgetting the check,
+the offsets left unchecked, a reopened store trusting the parent's bitmap,
+``verify`` skipping blocks read before or meta's own fingerprint, blocks
+CRC'd on every read (or never), format 1 refused. Byte positions come from
+an oracle independent of impl (pyarrow's own buffer addresses in the file).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import multiprocessing
+import pickle
+import shutil
+import types
+import warnings
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from impl import build as build_module
+from impl import store as store_module
+from impl.errors import StoreCorruptError, StoreError
+from impl.store import QUICK_SIGNATURE_BYTES, TokenStore
+
+SMALL_BLOCK = 4096
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _documents(seed: int, files: int, docs: int, low: int, high: int) -> list[list[list[int]]]:
+    rng = np.random.default_rng(seed)
+    return [[rng.integers(0, 50_000, size=int(rng.integers(low, high))).tolist() for _ in range(docs)]
+            for _ in range(files)]
+
+
+def _build(out: Path, files: list[list[list[int]]], block: int | None = SMALL_BLOCK) -> Path:
+    """A store written with ``block``-byte checksum blocks (small, so a test store has many)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if block is not None:
+            mp.setattr(build_module, "BLOCK_BYTES", block)
+        TokenStore.from_token_files(files, out, vocab_size=50_000)
+    return out
+
+
+def _layout(path: Path) -> tuple[int, int, int]:
+    """``(values_at, offsets_at, size)``: byte positions of the token values and offsets, read with pyarrow alone."""
+    size = path.stat().st_size
+    with pa.memory_map(str(path), "r") as mm:
+        col = pa.ipc.open_file(mm).get_batch(0).column(0)
+        mm.seek(0)
+        base = mm.read_buffer(size).address
+    return col.values.buffers()[1].address - base, col.buffers()[1].address - base, size
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def _middle_value_byte(path: Path) -> tuple[int, int]:
+    """A byte of token values in the middle of the file (outside both quick-signature windows) and its token."""
+    values_at, _, size = _layout(path)
+    at = size // 2
+    assert QUICK_SIGNATURE_BYTES < at < size - QUICK_SIGNATURE_BYTES and at > values_at
+    return at, (at - values_at) // 2
+
+
+def _doc_holding(store: TokenStore, f: int, token: int) -> int:
+    """Global index of the document of file ``f`` holding file-local token ``token``."""
+    local = np.asarray(store.doc_offsets[store.file_document_starts[f]: store.file_document_starts[f + 1] + 1])
+    local = local - local[0]
+    return store.file_document_starts[f] + int(np.searchsorted(local, token, side="right")) - 1
+
+
+def _block_pattern(path: Path, at: int, block: int) -> str:
+    b = at // block
+    end = min((b + 1) * block, path.stat().st_size) - 1
+    return rf"{path.name} changed since it was built: block {b} \(bytes {b * block}-{end} of"
+
+
+@pytest.fixture(scope="module")
+def four_files(tmp_path_factory) -> Path:
+    """4 files of ~300 KB (many 4 KiB blocks each, most outside the quick-signature windows)."""
+    return _build(tmp_path_factory.mktemp("four") / "store", _documents(1, 4, 120, 500, 2000))
+
+
+@pytest.fixture
+def four(tmp_path, four_files) -> Path:
+    dst = tmp_path / "store"
+    shutil.copytree(four_files, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def large_file(tmp_path_factory) -> Path:
+    """One ~3 MB file with the default 1 MiB blocks: the configuration users get."""
+    return _build(tmp_path_factory.mktemp("large") / "store", _documents(2, 1, 300, 3000, 7000), block=None)
+
+
+@pytest.fixture
+def large(tmp_path, large_file) -> Path:
+    dst = tmp_path / "store"
+    shutil.copytree(large_file, dst)
+    return dst
+
+
+class _CountingZlib(types.SimpleNamespace):
+    """Stands in for the store module's ``zlib``: counts CRCs, computes them with the real one."""
+
+    def __init__(self) -> None:
+        super().__init__(calls=0)
+
+    def crc32(self, data: object, value: int = 0) -> int:
+        self.calls += 1
+        return zlib.crc32(data, value)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- first read
+
+
+def test_a_changed_byte_in_file_3_of_4_is_refused_when_read_while_the_other_files_read_normally(four):
+    path = four / "tokens-00002.arrow"
+    at, token = _middle_value_byte(path)
+    clean = TokenStore.open(four)
+    expected = [clean[d].tolist() for d in range(len(clean))]
+    _flip(path, at)
+    store = TokenStore.open(four)
+    starts = store.file_document_starts
+    bad = _doc_holding(store, 2, token)
+    for d in [*range(starts[2]), *range(starts[3], starts[4])]:
+        assert store[d].tolist() == expected[d]
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK) + r".*rebuild it with"):
+        store[bad]
+    assert store[starts[2]].tolist() == expected[starts[2]]  # other blocks of the same file still serve
+
+
+READERS = {
+    "getitem": lambda s, d, f, a, b: s[d],
+    "tokens_for": lambda s, d, f, a, b: s.tokens_for(d, 0, 1),
+    "read": lambda s, d, f, a, b: s.read(int(s.doc_offsets[d]), int(s.doc_offsets[d + 1])),
+    "gather": lambda s, d, f, a, b: s.gather([0, d]),
+    "iteration": lambda s, d, f, a, b: list(s),
+    "check_blocks": lambda s, d, f, a, b: s.check_blocks(f, np.array([a]), np.array([b])),
+}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_a_changed_middle_byte_of_a_large_file_is_refused_by_every_reader_on_first_read_without_verify(large, reader):
+    path = large / "tokens-00000.arrow"
+    at, token = _middle_value_byte(path)
+    _flip(path, at)
+    store = TokenStore.open(large)  # no verify=True: the read path alone must catch it
+    d = _doc_holding(store, 0, token)
+    a, b = int(store.doc_offsets[d]), int(store.doc_offsets[d + 1])
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, store_module.BLOCK_BYTES)):
+        READERS[reader](store, d, 0, a, b)
+
+
+def test_a_read_spanning_files_checks_every_file_it_touches(four):
+    path = four / "tokens-00003.arrow"
+    at, _ = _middle_value_byte(path)
+    _flip(path, at)
+    store = TokenStore.open(four)
+    with pytest.raises(StoreCorruptError, match="tokens-00003.arrow changed since it was built: block"):
+        store.read(0, store.num_tokens)
+    with pytest.raises(StoreCorruptError, match="tokens-00003.arrow changed since it was built: block"):
+        store.gather(np.arange(len(store))[::-1])
+
+
+def test_changed_document_offsets_are_refused_before_any_boundary_is_used(tmp_path):
+    """12k short documents: their offsets (96 KB) reach past the first quick-signature window."""
+    out = _build(tmp_path / "store", _documents(3, 1, 12_000, 2, 30))
+    path = out / "tokens-00000.arrow"
+    values_at, offsets_at, size = _layout(path)
+    at = offsets_at + 8 * 10_000 + 1  # document 10,000's offset: past the first 64 KiB, before the values
+    assert QUICK_SIGNATURE_BYTES < at < values_at and at < size - QUICK_SIGNATURE_BYTES
+    _flip(path, at)
+    store = TokenStore.open(out)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        _ = store.lengths
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        store[0]  # refused again: a file whose offsets failed is never left mapped
+
+
+# --------------------------------------------------------------------------- once per block, per store object
+
+
+def test_each_block_is_crcd_once_per_store_object_however_often_and_however_it_is_read(four, monkeypatch):
+    counting = _CountingZlib()
+    monkeypatch.setattr(store_module, "zlib", counting)
+    store = TokenStore.open(four)
+    total_blocks = sum(len(r["block_crc32"]) // 8 for r in store.meta["files"])
+    list(store)
+    assert counting.calls == total_blocks  # every block holds tokens or offsets: all read, each once
+    store.gather(np.arange(len(store)))
+    store.read(0, store.num_tokens)
+    _ = [store[d] for d in range(len(store))]
+    assert counting.calls == total_blocks
+    fresh = TokenStore.open(four)
+    fresh[len(fresh) - 1]
+    assert counting.calls > total_blocks  # a new store object checks again
+
+
+def test_concurrent_readers_crc_each_block_once_and_all_get_the_right_tokens(four, monkeypatch):
+    expected = [d.tolist() for d in TokenStore.open(four)]
+    counting = _CountingZlib()
+    monkeypatch.setattr(store_module, "zlib", counting)
+    store = TokenStore.open(four)
+    total_blocks = sum(len(r["block_crc32"]) // 8 for r in store.meta["files"])
+    order = np.random.default_rng(0).permutation(len(store)).tolist()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda d: (d, store[d].tolist()), order * 2))
+    assert all(tokens == expected[d] for d, tokens in got)
+    assert counting.calls == total_blocks
+
+
+def test_a_range_in_verified_blocks_is_not_crcd_again_but_an_unverified_neighbour_is(large, monkeypatch):
+    counting = _CountingZlib()
+    monkeypatch.setattr(store_module, "zlib", counting)
+    store = TokenStore.open(large)
+    store.check_blocks(0, np.array([0]), np.array([1]))
+    after_map = counting.calls
+    store.check_blocks(0, np.array([0, 5]), np.array([1, 9]))
+    assert counting.calls == after_map
+    last = store.num_tokens
+    store.check_blocks(0, np.array([last - 1]), np.array([last]))
+    assert counting.calls == after_map + 1
+    store.check_blocks(0, np.array([0, last - 1]), np.array([1, last]))  # the unverified blocks between are not read
+    assert counting.calls == after_map + 1
+    middle = last // 2
+    store.check_blocks(0, np.array([3, middle, last - 5]), np.array([4, middle + 1, last]))
+    assert counting.calls == after_map + 2
+
+
+# --------------------------------------------------------------------------- reopen
+
+
+def _read_in_child(store: TokenStore, doc: int) -> str:
+    try:
+        store[doc]
+    except StoreCorruptError as exc:
+        return f"StoreCorruptError: {exc}"
+    return "served"
+
+
+def test_a_store_sent_to_a_spawned_process_or_unpickled_checks_its_blocks_again(large):
+    path = large / "tokens-00000.arrow"
+    at, token = _middle_value_byte(path)
+    store = TokenStore.open(large)
+    list(store)  # every block verified by this object
+    doc = _doc_holding(store, 0, token)
+    _flip(path, at)
+    store[doc]  # this object verified that block already: checked once per object, by design
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, store_module.BLOCK_BYTES)):
+        pickle.loads(pickle.dumps(store))[doc]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        outcome = pool.apply_async(_read_in_child, (store, doc)).get(timeout=120)
+    assert outcome.startswith("StoreCorruptError:") and f"block {at // store_module.BLOCK_BYTES}" in outcome
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def test_verify_refuses_an_edited_fingerprint_in_meta_json(four):
+    meta = json.loads((four / "meta.json").read_text())
+    meta["fingerprint"] = "0" * 64
+    (four / "meta.json").write_text(json.dumps(meta))
+    store = TokenStore.open(four)
+    with pytest.raises(StoreCorruptError, match=r"fingerprint 0000000000000000\.\.\. does not match.*was edited"):
+        store.verify()
+
+
+def test_verify_rechecks_every_block_even_those_read_before(four):
+    store = TokenStore.open(four)
+    list(store)
+    path = four / "tokens-00001.arrow"
+    at, _ = _middle_value_byte(path)
+    _flip(path, at)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        store.verify()
+
+
+def test_verify_passes_a_clean_store_and_leaves_every_block_verified(four, monkeypatch):
+    store = TokenStore.open(four)
+    store.verify()
+    counting = _CountingZlib()
+    monkeypatch.setattr(store_module, "zlib", counting)
+    store.gather(np.arange(len(store)))
+    assert counting.calls == 0
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("truncate", r"tokens-00001.arrow is truncated \(\d+ bytes, \d+ when built\)"),
+    ("extend", r"tokens-00001.arrow changed since it was built \(\d+ bytes, \d+ when built\)"),
+    ("delete", r"tokens-00001.arrow is missing"),
+])
+def test_a_truncated_extended_or_missing_file_is_refused_at_open_naming_it(four, change, message):
+    path = four / "tokens-00001.arrow"
+    if change == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size - 1)
+    elif change == "extend":
+        with open(path, "ab") as f:
+            f.write(b"\0")
+    else:
+        path.unlink()
+    with pytest.raises(StoreCorruptError, match=message + r".*rebuild it with"):
+        TokenStore.open(four)
+
+
+# --------------------------------------------------------------------------- close
+
+
+CLOSED_ACCESSORS = {
+    "getitem": lambda s: s[0],
+    "tokens_for": lambda s: s.tokens_for(0),
+    "read": lambda s: s.read(0, 1),
+    "empty read": lambda s: s.read(0, 0),
+    "gather": lambda s: s.gather([0]),
+    "iteration": lambda s: next(iter(s)),
+    "lengths": lambda s: s.lengths,
+    "doc_offsets": lambda s: s.doc_offsets,
+    "check_blocks": lambda s: s.check_blocks(0, np.array([0]), np.array([1])),
+    "verify": lambda s: s.verify(),
+}
+
+
+@pytest.mark.parametrize("accessor", list(CLOSED_ACCESSORS))
+def test_every_accessor_that_needs_the_files_raises_store_error_after_close(four_files, accessor):
+    store = TokenStore.open(four_files)
+    _ = store.lengths  # cached before close: close must drop it
+    store.close()
+    store.close()  # idempotent
+    assert store.closed
+    with pytest.raises(StoreError, match=r"is closed; open it again with TokenStore.open\("):
+        CLOSED_ACCESSORS[accessor](store)
+
+
+def test_after_close_metadata_stays_readable_old_views_stay_valid_and_a_pickle_reopens(four_files):
+    store = TokenStore.open(four_files)
+    first = store[0]
+    tokens = first.tolist()
+    store.close()
+    assert first.tolist() == tokens
+    assert len(store) == 480 and store.num_files == 4 and len(store.fingerprint) == 64
+    assert pickle.loads(pickle.dumps(store))[0].tolist() == tokens
+
+
+# --------------------------------------------------------------------------- format 1
+
+
+def _as_format_1(path: Path) -> None:
+    """Rewrite a store's meta.json exactly as format 1 recorded it: no block checksums, version 1 in the fingerprint."""
+    meta = json.loads((path / "meta.json").read_text())
+    for record in meta["files"]:
+        del record["block_crc32"]
+    del meta["layout"]["block_bytes"], meta["layout"]["block_checksum"]
+    meta["format_version"] = 1
+    meta["fingerprint"] = store_module._content_fingerprint(
+        [r["sha256"] for r in meta["files"]], meta["dtype"], meta["tokenizer"]["sha256"],
+        meta["options"]["add_bos"], meta["options"]["add_eos"], format_version=1)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_format_1_store_opens_without_warnings_reads_the_same_tokens_and_verifies(four):
+    expected = [d.tolist() for d in TokenStore.open(four)]
+    _as_format_1(four)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = TokenStore.open(four, verify=True)
+        assert store.format_version == 1
+        assert [store[d].tolist() for d in range(len(store))] == expected
+        assert [d.tolist() for d in store] == expected
+        tokens, _ = store.gather(np.arange(len(store)))
+        assert tokens.tolist() == [t for doc in expected for t in doc]
+        store.check_blocks(2, np.array([0]), np.array([10]))  # nothing recorded to check: maps only
+
+
+def test_a_format_1_store_with_a_changed_middle_byte_is_refused_by_verify(four):
+    _as_format_1(four)
+    path = four / "tokens-00002.arrow"
+    at, _ = _middle_value_byte(path)
+    _flip(path, at)
+    with pytest.raises(StoreCorruptError, match=r"tokens-00002.arrow changed since it was built \(sha256"):
+        TokenStore.open(four, verify=True)

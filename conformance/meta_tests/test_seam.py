@@ -1,0 +1,117 @@
+"""The seam between impl and reference: impl imports configuration, constants, errors and formats, never arithmetic.
+
+Why a test: conformance compares impl with the reference on generated inputs.
+If impl calls ``reference.partition.advance`` or ``reference.rng.derive_key``
+in production, the comparison of those clauses compares a function with
+itself, and the spec's own checks run on the hot path. Every
+``from reference... import name`` in ``impl/*.py`` (at module level or inside
+a function) is checked against ``ALLOWED``, an explicit list of names by
+module; ``import reference...`` (a whole module) is refused, since it would
+give access to everything.
+
+``AUDIT_ALLOWANCES`` lists, per impl module, reference functions that a
+command uses as its *oracle* (the CLI's audit and the demo check impl
+against the spec). They are temporary and explicit: the test also fails
+when an allowance is no longer used, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+IMPL = Path(__file__).resolve().parents[2] / "impl"
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "reference.errors": frozenset({"LoadspecError", "ConfigError", "SplitError", "TopologyError", "StateError",
+                                   "EmptyDataError", "is_int", "require"}),
+    "reference.rng": frozenset({"MASK64", "GOLDEN_GAMMA", "FEISTEL_ROUNDS", "Stream"}),
+    "reference.ordering": frozenset({"OrderingConfig", "KINDS", "RANDOM_ACCESS_KINDS"}),
+    "reference.packing": frozenset({"PackingConfig", "IGNORE", "NO_DOC", "NO_OFFSET", "MODES", "STREAM_MODES",
+                                    "BIN_MODES", "OVERFLOWS", "Piece"}),
+    "reference.partition": frozenset({"PartitionConfig", "PADDING", "END_POLICIES", "End"}),
+    "reference.collation": frozenset({"SIDES", "POOLINGS", "IGNORE_INDEX"}),
+    "reference.mixing": frozenset({"MixConfig", "MixState", "STOPPING_STRATEGIES"}),
+    "reference.bucketing": frozenset({"BucketConfig"}),
+    "reference.sharding": frozenset({"ShardConfig", "MODES", "UNEVEN_POLICIES", "FILE_MODES"}),
+    "reference.splits": frozenset({"SplitSpec", "ACCEPTED_FORMS"}),
+    "reference.resume": frozenset({"PipelineConfig", "Topology", "STATE_FORMAT", "STATE_VERSION",
+                                   "SUPPORTED_STATE_VERSIONS", "STATE_KEYS", "MAX_STATE_INT", "PAD_SAMPLE_INDEX",
+                                   "canonical_json", "corpus_fingerprint", "pipeline_fingerprint", "make_state",
+                                   "validate_state"}),
+}
+"""Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
+
+AUDIT_ALLOWANCES: dict[str, dict[str, frozenset[str]]] = {
+    "cli.py": {"reference": frozenset({"rng"}),
+               "reference.partition": frozenset({"advance", "trained_end"}),
+               "reference.resume": frozenset({"audit_coverage"})},
+    "demo.py": {"reference.partition": frozenset({"trained_end"}),
+                "reference.resume": frozenset({"audit_coverage"})},
+}
+"""Temporary: commands that audit impl against the spec (their oracle), to be moved out of impl or rewritten."""
+
+
+def reference_imports(source: str) -> list[tuple[int, str, str]]:
+    r"""``(line, module, name)`` for every import of the reference in ``source``; ``name`` is ``*`` for a whole module.
+
+    >>> reference_imports("from reference.partition import advance, PADDING as P\nimport reference.rng\n")
+    [(1, 'reference.partition', 'PADDING'), (1, 'reference.partition', 'advance'), (2, 'reference.rng', '*')]
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None and (
+                node.module == "reference" or node.module.startswith("reference.")):
+            found += [(node.lineno, node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, "*") for alias in node.names
+                      if alias.name == "reference" or alias.name.startswith("reference.")]
+    return sorted(found)
+
+
+def seam_violations(filename: str, source: str) -> list[str]:
+    """Each reference import of an impl module that ``ALLOWED`` (plus the module's audit allowance) does not list."""
+    extra = AUDIT_ALLOWANCES.get(filename, {})
+    return [f"impl/{filename}:{line}: from {module} import {name}"
+            for line, module, name in reference_imports(source)
+            if name not in ALLOWED.get(module, frozenset()) | extra.get(module, frozenset())]
+
+
+def impl_sources() -> dict[str, str]:
+    return {path.name: path.read_text() for path in sorted(IMPL.glob("*.py"))}
+
+
+def test_impl_imports_from_the_reference_only_configuration_constants_errors_and_formats():
+    violations = [v for name, source in impl_sources().items() for v in seam_violations(name, source)]
+    assert not violations, (
+        "impl calls reference arithmetic (conformance would compare the reference with itself); implement it in "
+        "impl, or, if the name is configuration/constant/error/format, add it to ALLOWED:\n" + "\n".join(violations))
+
+
+def test_the_seam_check_refuses_reference_arithmetic_added_to_any_impl_module():
+    for source in ("from reference.partition import advance\n",
+                   "def f():\n    from reference.rng import derive_key\n",
+                   "import reference.partition\n",
+                   "from reference import rng\n",
+                   "from reference.resume import padding_sample\n",
+                   "from reference.rng import FeistelPermutation as ScalarFeistel\n"):
+        assert seam_violations("loader.py", source), f"the seam check accepted {source!r}"
+    assert not seam_violations("loader.py", "from reference.partition import PADDING, PartitionConfig\n")
+
+
+def test_every_audit_allowance_is_still_used_so_the_list_only_shrinks():
+    sources = impl_sources()
+    for filename, modules in AUDIT_ALLOWANCES.items():
+        used = {(module, name) for _, module, name in reference_imports(sources.get(filename, ""))}
+        stale = sorted((m, n) for m, names in modules.items() for n in names if (m, n) not in used)
+        assert not stale, f"impl/{filename} no longer imports {stale}; remove them from AUDIT_ALLOWANCES"
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED))
+def test_every_allowed_name_exists_in_its_reference_module(module):
+    import importlib
+
+    missing = sorted(name for name in ALLOWED[module] if not hasattr(importlib.import_module(module), name))
+    assert not missing, f"{module} has no {missing}: the allow-list names something that is not there"

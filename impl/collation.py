@@ -29,6 +29,7 @@ tokens, row 1 continues a document for 2 positions, then a new one)::
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
@@ -38,7 +39,8 @@ import torch
 from impl.errors import ConfigError, is_int, require
 from reference.collation import SIDES
 
-__all__ = ["SampleBatch", "batch_cu_seqlens", "collate", "cu_seqlens", "pad_stack_1d", "sample_cu_seqlens"]
+__all__ = ["PaddingSide1D", "SampleBatch", "TokenPoolingType", "attention_mask", "batch_cu_seqlens", "collate",
+           "cu_seqlens", "pad_stack_1d", "sample_cu_seqlens", "token_pooling_mask_from_attention_mask"]
 
 _BATCH_ONLY = ("cu_seqlens", "max_seqlen")
 
@@ -226,3 +228,94 @@ def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str,
     if varlen:
         out["cu_seqlens"], out["max_seqlen"] = cu_seqlens(out["position_ids"])
     return out
+
+
+# --------------------------------------------------------------------------- pooling masks (COLL-3..COLL-7)
+
+
+class TokenPoolingType(enum.StrEnum):
+    """d9d's pooling names: the first real token, the last real token, or every real token (COLL-4..COLL-6)."""
+
+    first = "first"
+    last = "last"
+    all = "all"
+
+
+def attention_mask(lengths: Sequence[int] | torch.Tensor, *, side: str = "right",
+                   total: int | None = None) -> torch.Tensor:
+    """The int64 ``[N, T]`` 0/1 mask of rows of ``lengths`` real tokens padded on ``side`` (COLL-3).
+
+    It marks exactly where :func:`pad_stack_1d` with the same side puts real
+    tokens, whatever their values (a pad id that also occurs as a real token
+    cannot tell them apart).
+
+    >>> attention_mask([2, 1], side="left", total=4).tolist()
+    [[0, 0, 1, 1], [0, 0, 0, 1]]
+    """
+    require(side in SIDES, ConfigError, f"side={side!r} is not a padding side; choose one of {SIDES}")
+    lens = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
+    require(not len(lens) or int(lens.min()) >= 0, ConfigError,
+            f"lengths must be non-negative integers, got {lens.tolist()}")
+    longest = int(lens.max()) if len(lens) else 0
+    width = longest if total is None else total
+    require(is_int(width) and width >= longest, ConfigError,
+            f"total={total!r} must be an integer >= the longest length {longest}; omit it to use the longest length")
+    columns = torch.arange(width)
+    real = columns < lens[:, None] if side == "right" else columns >= (width - lens)[:, None]
+    return real.to(torch.int64)
+
+
+def token_pooling_mask_from_attention_mask(attention_mask: torch.Tensor,
+                                           pooling_type: str | TokenPoolingType) -> torch.Tensor:
+    """The int64 mask of the positions a pooler reads, from a ``[batch, seq]`` 0/1 attention mask (COLL-4..COLL-7).
+
+    Positions come from the mask, not from the row ends: ``first`` is the
+    lowest position holding 1 and ``last`` the highest, so left- and
+    right-padded batches pool the same tokens (d9d's ``first`` takes position
+    0, a pad token under left padding). A row of only padding pools nothing.
+    A mask holding anything but 0 and 1 is refused (``ConfigError``): a
+    boolean or float mask converted with the wrong threshold is the usual
+    cause, and guessing would pool the wrong tokens.
+
+    >>> m = torch.tensor([[0, 1, 1], [1, 1, 0], [0, 0, 0]])
+    >>> token_pooling_mask_from_attention_mask(m, "first").tolist()
+    [[0, 1, 0], [1, 0, 0], [0, 0, 0]]
+    >>> token_pooling_mask_from_attention_mask(m, "last").tolist()
+    [[0, 0, 1], [0, 1, 0], [0, 0, 0]]
+    """
+    pooling = pooling_type.value if isinstance(pooling_type, TokenPoolingType) else pooling_type
+    require(pooling in ("first", "last", "all"), ConfigError,
+            f"pooling_type={pooling_type!r} is not a pooling; choose one of first, last, all")
+    mask = torch.as_tensor(attention_mask)
+    require(mask.dim() == 2, ConfigError,
+            f"attention_mask has shape {tuple(mask.shape)}; pass a [batch, seq_len] mask")
+    if mask.dtype == torch.bool:
+        mask = mask.to(torch.int64)
+    binary = (mask == 0) | (mask == 1)
+    if not bool(binary.all()):
+        row = int((~binary).any(dim=1).nonzero()[0])
+        raise ConfigError(f"attention_mask[{row}]={mask[row].tolist()} must hold only 0 and 1; build it with "
+                          "impl.collation.attention_mask(lengths, side=...)")
+    real = (mask == 1).to(torch.int64)
+    if pooling == "all":
+        return real
+    rows, width = real.shape
+    out = torch.zeros_like(real)
+    if not width:
+        return out
+    has = real.any(dim=1)
+    columns = torch.arange(width, device=real.device)
+    if pooling == "first":
+        position = torch.where(real.bool(), columns, width).min(dim=1).values
+    else:
+        position = torch.where(real.bool(), columns, -1).max(dim=1).values
+    picked = torch.arange(rows, device=real.device)[has]
+    out[picked, position[has]] = 1
+    return out
+
+
+class PaddingSide1D(enum.StrEnum):
+    """d9d's padding sides; ``pad_stack_1d(..., side=PaddingSide1D.left)`` accepts them like the strings (COLL-1)."""
+
+    left = "left"
+    right = "right"

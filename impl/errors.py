@@ -85,3 +85,7 @@ class TokenizerError(ConfigError):
 
 class SourceError(ConfigError):
     """A build source cannot be read as documents (missing path, unknown file kind, bad text field)."""
+
+
+class EvalBuildError(LoadspecError):
+    """The source rank failed to build an eval set with an error loadspec does not type (EVAL-3; names it)."""

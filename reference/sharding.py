@@ -12,7 +12,11 @@ The procedure has two steps. First the *policy* (``uneven``) fixes the
 sequence to share out: the items ``0..n-1`` as they are, truncated to a
 multiple of W, or padded to a multiple of W (SHARD-3..SHARD-7). Then the
 *layout* (``mode``) deals that sequence's positions to shards: round robin
-or in contiguous balanced blocks (SHARD-1, SHARD-2).
+or in contiguous balanced blocks (SHARD-1, SHARD-2). ``repeat_own_last``
+(SHARD-15) reverses the steps: the ``uneven`` shards are dealt first and each
+short one repeats its own last item, so padding never hands a rank an item
+that another rank also trains (d9d's padding repeats the dataset's last item,
+which belongs to one rank, on every other short rank).
 
 Worked example (n = 14, W = 4)::
 
@@ -22,6 +26,8 @@ Worked example (n = 14, W = 4)::
     [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10], [11, 12, 13]]
     >>> shard_sizes(14, ShardConfig(num_shards=4, uneven="repeat_last"))
     [4, 4, 4, 4]
+    >>> [shard_indices(14, ShardConfig(num_shards=4, uneven="repeat_own_last"), r) for r in range(4)]
+    [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 10], [3, 7, 11, 11]]
 """
 
 from __future__ import annotations
@@ -33,21 +39,21 @@ from typing import Literal
 from reference.errors import ConfigError, TopologyError, is_int, require
 
 Mode = Literal["sequential", "chunked"]
-Uneven = Literal["uneven", "drop_last", "repeat_last", "wrap"]
+Uneven = Literal["uneven", "drop_last", "repeat_last", "wrap", "repeat_own_last"]
 FileMode = Literal["auto", "file", "example"]
 
 MODES = ("sequential", "chunked")
-UNEVEN_POLICIES = ("uneven", "drop_last", "repeat_last", "wrap")
+UNEVEN_POLICIES = ("uneven", "drop_last", "repeat_last", "wrap", "repeat_own_last")
 FILE_MODES = ("auto", "file", "example")
 
 
-def _require_count(name: str, value: object, minimum: int, error: type = ConfigError, fix: str = "") -> None:
-    require(is_int(value) and value >= minimum, error,
+def _require_count(name: str, value: object, minimum: int, error: type[ConfigError] = ConfigError, fix: str = "") -> None:
+    require(is_int(value) and isinstance(value, int) and value >= minimum, error,
             f"{name}={value!r} must be an integer >= {minimum}" + (f"; {fix}" if fix else ""))
 
 
 def _require_index(name: str, value: object, bound: int, bound_name: str) -> None:
-    require(is_int(value) and 0 <= value < bound, TopologyError,
+    require(is_int(value) and isinstance(value, int) and 0 <= value < bound, TopologyError,
             f"{name}={value!r} must be an integer in [0, {bound_name}={bound}); pass one of 0..{bound - 1}")
 
 
@@ -83,11 +89,14 @@ def policy_length(n: int, config: ShardConfig) -> int:
     collectives before touching any item.
 
     >>> [policy_length(14, ShardConfig(num_shards=4, uneven=u)) for u in UNEVEN_POLICIES]
-    [14, 12, 16, 16]
+    [14, 12, 16, 16, 16]
     >>> policy_length(0, ShardConfig(num_shards=4, uneven="wrap"))
     0
 
-    Clauses: SHARD-3, SHARD-4, SHARD-5, SHARD-6, SHARD-7.
+    ``repeat_own_last`` refuses ``0 < n < W``: some shard would have no item
+    of its own to repeat (SHARD-15).
+
+    Clauses: SHARD-3, SHARD-4, SHARD-5, SHARD-6, SHARD-7, SHARD-15.
     """
     _require_count("n", n, 0, fix="pass the number of items (0 or more)")
     w = config.num_shards
@@ -95,6 +104,11 @@ def policy_length(n: int, config: ShardConfig) -> int:
         return n
     if config.uneven == "drop_last":
         return n - n % w
+    if config.uneven == "repeat_own_last":
+        require(n == 0 or n >= w, TopologyError,
+                f"uneven='repeat_own_last' needs n >= num_shards (or n == 0), got n={n} < num_shards={w}: "
+                f"{w - n} shard(s) would have no item of their own to repeat; use uneven='wrap' or 'repeat_last' "
+                "(which borrow other shards' items) or fewer shards")
     return -(-n // w) * w
 
 
@@ -109,8 +123,14 @@ def policy_item(position: int, n: int, config: ShardConfig) -> int:
     >>> [policy_item(p, 3, ShardConfig(num_shards=4, uneven="repeat_last")) for p in range(4)]
     [0, 1, 2, 2]
 
+    ``repeat_own_last`` pads each shard after dealing (SHARD-15), so it has no
+    global padded sequence and is refused here; use ``shard_indices``.
+
     Clauses: SHARD-5, SHARD-6.
     """
+    require(config.uneven != "repeat_own_last", ConfigError,
+            "uneven='repeat_own_last' pads each shard after dealing, so it has no policy-adjusted sequence; "
+            "call shard_indices(n, config, shard_index) instead")
     if position < n:
         return position
     if config.uneven == "repeat_last":
@@ -142,11 +162,16 @@ def shard_indices(n: int, config: ShardConfig, shard_index: int) -> list[int]:
         [[0, 1, 2], [3, 4, 0]]
         >>> [shard_indices(1, ShardConfig(num_shards=3, uneven="repeat_last"), r) for r in range(3)]
         [[0], [0], [0]]
+        >>> [shard_indices(5, ShardConfig(num_shards=2, mode="chunked", uneven="repeat_own_last"), r) for r in range(2)]
+        [[0, 1, 2], [3, 4, 4]]
 
-    Clauses: SHARD-1, SHARD-2, SHARD-3, SHARD-4, SHARD-5, SHARD-6, SHARD-7, SHARD-14.
+    Clauses: SHARD-1, SHARD-2, SHARD-3, SHARD-4, SHARD-5, SHARD-6, SHARD-7, SHARD-14, SHARD-15.
     """
     _require_index("shard_index", shard_index, config.num_shards, "num_shards")
     length = policy_length(n, config)
+    if config.uneven == "repeat_own_last":
+        own = list(_shard_positions(n, config.num_shards, config.mode, shard_index))
+        return own + own[-1:] * (length // config.num_shards - len(own))
     return [policy_item(p, n, config) for p in _shard_positions(length, config.num_shards, config.mode, shard_index)]
 
 

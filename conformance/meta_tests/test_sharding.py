@@ -32,6 +32,8 @@ shards = st.integers(min_value=1, max_value=9)
 modes = st.sampled_from(MODES)
 exact_policies = st.sampled_from(["uneven", "drop_last"])
 padded_policies = st.sampled_from(["repeat_last", "wrap"])
+sequence_policies = st.sampled_from([u for u in UNEVEN_POLICIES if u != "repeat_own_last"])
+"""The policies that pad or trim one global sequence before dealing (repeat_own_last deals first: SHARD-15)."""
 
 
 def _all_shards(n: int, config: ShardConfig) -> list[list[int]]:
@@ -63,7 +65,7 @@ def _oracle_shards(n: int, w: int, mode: str, uneven: str) -> list[list[int]]:
 
 
 @pytest.mark.clause("SHARD-1", "SHARD-2", "SHARD-3", "SHARD-4", "SHARD-5", "SHARD-6")
-@given(n=items, w=shards, mode=modes, uneven=st.sampled_from(UNEVEN_POLICIES))
+@given(n=items, w=shards, mode=modes, uneven=sequence_policies)
 def test_every_shard_equals_the_independent_oracle_for_every_layout_and_policy(n, w, mode, uneven):
     config = ShardConfig(num_shards=w, mode=mode, uneven=uneven)
     clause = "SHARD-1" if mode == "sequential" else "SHARD-2"
@@ -126,7 +128,7 @@ def test_padded_shards_all_have_the_ceiling_size_and_repeat_only_allowed_items(n
 
 
 @pytest.mark.clause("SHARD-7")
-@given(w=shards, mode=modes, uneven=st.sampled_from(UNEVEN_POLICIES))
+@given(w=shards, mode=modes, uneven=sequence_policies)
 def test_zero_items_give_empty_shards_under_every_policy(w, mode, uneven):
     config = ShardConfig(num_shards=w, mode=mode, uneven=uneven)
     assert_equal(_all_shards(0, config), [[] for _ in range(w)], clause="SHARD-7", what="shards of n=0",
@@ -166,7 +168,7 @@ def test_hand_computed_remainder_policies_for_fourteen_items_over_four_shards():
 
 
 @pytest.mark.clause("SHARD-8")
-@given(n=items, w=shards, mode=modes, uneven=st.sampled_from(UNEVEN_POLICIES))
+@given(n=items, w=shards, mode=modes, uneven=sequence_policies)
 def test_shard_sizes_match_the_materialised_shards(n, w, mode, uneven):
     config = ShardConfig(num_shards=w, mode=mode, uneven=uneven)
     assert_equal(shard_sizes(n, config), [len(s) for s in _oracle_shards(n, w, mode, uneven)], clause="SHARD-8",
@@ -239,7 +241,7 @@ def test_auto_mode_is_file_level_exactly_when_every_shard_can_get_a_file(file_si
 
 @pytest.mark.clause("SHARD-12")
 @given(n=items, world=st.integers(min_value=1, max_value=5), workers=st.integers(min_value=1, max_value=4),
-       mode=modes, uneven=st.sampled_from(UNEVEN_POLICIES))
+       mode=modes, uneven=sequence_policies)
 def test_rank_worker_lists_are_disjoint_and_cover_exactly_once(n, world, workers, mode, uneven):
     lists = {(r, w): rank_worker_indices(n, world_size=world, rank=r, num_workers=workers, worker=w, mode=mode,
                                          uneven=uneven)
@@ -262,7 +264,7 @@ def test_hand_computed_rank_worker_split():
 
 @pytest.mark.clause("SHARD-13")
 @given(n=items, groups=st.integers(min_value=1, max_value=4), k=st.integers(min_value=1, max_value=3), mode=modes,
-       uneven=st.sampled_from(UNEVEN_POLICIES))
+       uneven=sequence_policies)
 def test_replicated_ranks_see_identical_data_and_groups_shard_over_world_over_k(n, groups, k, mode, uneven):
     world = groups * k
     config = ShardConfig(num_shards=world, mode=mode, uneven=uneven)
@@ -301,3 +303,43 @@ def test_impossible_configurations_and_topologies_are_refused_with_the_fix():
                         clause="SHARD-14", what="worker=2 of 2", mentions=["worker=2"])
     assert_raises_typed(TopologyError, replicated_indices, 10, ShardConfig(num_shards=2), 0, 4, 2, clause="SHARD-14",
                         what="config_for_world with num_shards != world_size", mentions=["num_shards", "world_size=4"])
+
+
+def _oracle_own_last(n: int, w: int, mode: str) -> list[list[int]]:
+    """Deal the items as under ``uneven``, then append each short shard's own last item until it has ceil(n/w)."""
+    shards = _oracle_shards(n, w, mode, "uneven")
+    ceiling = -(-n // w)
+    for shard in shards:
+        while len(shard) < ceiling:
+            shard.append(shard[-1])
+    return shards
+
+
+@pytest.mark.clause("SHARD-15")
+@given(n=items, w=shards, mode=modes)
+def test_repeat_own_last_pads_every_shard_to_the_ceiling_with_its_own_items_only(n, w, mode):
+    config = ShardConfig(num_shards=w, mode=mode, uneven="repeat_own_last")
+    repro = {"n": n, "config": config}
+    if 0 < n < w:
+        assert_raises_typed(TopologyError, shard_indices, n, config, 0, clause="SHARD-15",
+                            what="repeat_own_last with fewer items than shards", mentions=[f"n={n}", "wrap"])
+        return
+    result = _all_shards(n, config)
+    assert_equal(result, _oracle_own_last(n, w, mode), clause="SHARD-15", what="shards", repro=repro)
+    assert_equal(shard_sizes(n, config), [-(-n // w)] * w, clause="SHARD-15", what="shard sizes", repro=repro)
+    owners = {i: r for r, shard in enumerate(_oracle_shards(n, w, mode, "uneven")) for i in shard}
+    for r, shard in enumerate(result):
+        check(all(owners[i] == r for i in shard), clause="SHARD-15", what=f"shard {r} holds another shard's item",
+              repro=repro)
+    assert_exactly_once(sorted({i for s in result for i in s}), range(n), clause="SHARD-15",
+                        what="distinct items over all shards", repro=repro)
+
+
+@pytest.mark.clause("SHARD-15")
+def test_repeat_own_last_hand_computed_for_fourteen_items_over_four_shards():
+    assert_equal(_all_shards(14, ShardConfig(num_shards=4, uneven="repeat_own_last")),
+                 [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 10], [3, 7, 11, 11]], clause="SHARD-15",
+                 what="sequential repeat_own_last")
+    assert_equal(_all_shards(14, ShardConfig(num_shards=4, mode="chunked", uneven="repeat_own_last")),
+                 [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 10], [11, 12, 13, 13]], clause="SHARD-15",
+                 what="chunked repeat_own_last")

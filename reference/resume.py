@@ -161,7 +161,7 @@ def padding_sample(config: PackingConfig) -> Sample:
 def _callable_name(fn: Any) -> str | None:
     if fn is None:
         return None
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

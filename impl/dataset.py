@@ -78,6 +78,7 @@ from impl.packing import (
 from impl.packing import (
     num_samples as plan_num_samples,
 )
+from impl.splits import SplitStore, split_pipeline
 from impl.store import TokenStore
 from reference.ordering import OrderingConfig
 from reference.packing import MODES, STREAM_MODES, PackingConfig
@@ -104,8 +105,8 @@ class SampleKey(NamedTuple):
     index: int
 
 
-def _open_store(store: TokenStore | str | os.PathLike) -> TokenStore:
-    if isinstance(store, TokenStore):
+def _open_store(store: TokenStore | SplitStore | str | os.PathLike) -> TokenStore | SplitStore:
+    if isinstance(store, (TokenStore, SplitStore)):
         return store
     require(isinstance(store, (str, os.PathLike)), ConfigError,
             f"store={store!r} must be a TokenStore or the path of one; build it with TokenStore.build(...)")
@@ -158,7 +159,8 @@ class PackedDataset(Dataset):
                  shuffle: str = "none", window: int = 1024, seed: int = 0, pack_window: int = 1000,
                  overflow: str = "split", stride: int = 0, bos_on_continuation: bool = False, add_bos: bool = False,
                  add_eos: bool = False, min_len: int = 0, pad_id: int | None = None,
-                 cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last") -> None:
+                 cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last",
+                 split: str | tuple[Any, Any] | None = None) -> None:
         store = _open_store(store)
         require(is_integer(seq_len) and seq_len >= 1, ConfigError,
                 f"seq_len={seq_len!r} must be an integer >= 1 (input positions per sample), e.g. seq_len=2048")
@@ -184,6 +186,7 @@ class PackedDataset(Dataset):
                                   bos_id=store.bos_id, eos_id=store.eos_id, pad_id=pad_id, min_len=min_len),
             ordering=OrderingConfig(kind=SHUFFLES[shuffle], seed=seed, window=window),
             end=end,
+            split=split,
         )
         self._setup(store, config, cache_dir, epoch)
 
@@ -205,10 +208,11 @@ class PackedDataset(Dataset):
 
     def _setup(self, store: TokenStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
         require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        data_fingerprint, store, config = split_pipeline(store, config)   # SPLIT-8: a split reads a view of the store
         self.store = store
         self.config = config
         self.epoch = int(epoch)
-        self.fingerprint = pipeline_fingerprint(store.fingerprint, config)
+        self.fingerprint = pipeline_fingerprint(data_fingerprint, config)
         self._cache_arg = cache_dir
         self._cache_dir = self._resolve_cache_dir(cache_dir)
         self._file_sizes = list(store.file_document_counts)

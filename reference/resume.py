@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 from reference.errors import ConfigError, SplitError, StateError, TopologyError, require
-from reference.mixing import MixConfig, WeightFn, mix
+from reference.mixing import MixConfig, StreamConfig, WeightFn, mix, mix_streams
 from reference.ordering import OrderingConfig, epoch_order
 from reference.packing import IGNORE, PackingConfig, Sample, pack
 from reference.partition import PADDING, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
@@ -175,6 +175,10 @@ class MixtureConfig:
     is the partition's. Every source must pack to the same ``seq_len`` and
     ``pad_id`` (a batch stacks samples of several sources). ``weight_fn``
     (MIX-4) enters the fingerprint by its qualified name (MIX-14).
+    ``streams`` (one ``StreamConfig`` per source) with ``epoch_size`` and
+    ``batching_method`` select MosaicML-style per-epoch counts instead
+    (MIX-15, MIX-16); the weights then come from the counts, and
+    ``mixing.seed`` keys the draws.
 
     >>> p = PackingConfig(seq_len=4)
     >>> MixtureConfig(sources=(PipelineConfig(packing=p), PipelineConfig(packing=PackingConfig(seq_len=8))))
@@ -187,8 +191,22 @@ class MixtureConfig:
     mixing: MixConfig = field(default_factory=MixConfig)
     end: Literal["drop_last", "pad", "even"] = "drop_last"
     weight_fn: WeightFn | None = None
+    streams: tuple[StreamConfig, ...] | None = None
+    epoch_size: int | None = None
+    batching_method: str = "random"
 
     def __post_init__(self) -> None:
+        if self.streams is not None:
+            object.__setattr__(self, "streams", tuple(self.streams))
+            require(len(self.streams) == len(self.sources), ConfigError,
+                    f"{len(self.streams)} streams for {len(self.sources)} sources; pass one StreamConfig per source")
+            require(all(isinstance(s, StreamConfig) for s in self.streams), ConfigError,
+                    "streams must be StreamConfig objects, one per source")
+            require(self.mixing.weights is None and self.weight_fn is None, ConfigError,
+                    "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
+        else:
+            require(self.epoch_size is None and self.batching_method == "random", ConfigError,
+                    "epoch_size and batching_method apply to streams; pass streams=(StreamConfig(...), ...) with them")
         require(isinstance(self.sources, (tuple, list)) and len(self.sources) >= 1, ConfigError,
                 f"sources={self.sources!r} must be a non-empty tuple of PipelineConfig, one per source")
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -216,8 +234,12 @@ class MixtureConfig:
         return self.sources[0].packing
 
     def to_json(self) -> dict[str, Any]:
-        return {"sources": [s.to_json() for s in self.sources], "mixing": asdict(self.mixing),
-                "end": self.end, "weight_fn": _callable_name(self.weight_fn)}
+        out = {"sources": [s.to_json() for s in self.sources], "mixing": asdict(self.mixing),
+               "end": self.end, "weight_fn": _callable_name(self.weight_fn)}
+        if self.streams is not None:
+            out.update(streams=[asdict(s) for s in self.streams], epoch_size=self.epoch_size,
+                       batching_method=self.batching_method)
+        return out
 
 
 def mixture_fingerprint(data_fingerprints: Sequence[str], config: MixtureConfig) -> str:
@@ -237,7 +259,10 @@ def mixture_fingerprint(data_fingerprints: Sequence[str], config: MixtureConfig)
 
 
 def mixture_items(source_sizes: Sequence[int], config: MixtureConfig, epoch: int) -> list[tuple[int, int]]:
-    """Epoch ``epoch``'s mixed stream of ``(source, sample index within the source's epoch)`` (MIX-13)."""
+    """Epoch ``epoch``'s mixed stream of ``(source, sample index within the source's epoch)`` (MIX-13, MIX-15)."""
+    if config.streams is not None:
+        return mix_streams(source_sizes, config.streams, config.mixing.seed, epoch, epoch_size=config.epoch_size,
+                           batching_method=config.batching_method)
     return mix(source_sizes, config.mixing, epoch, weight_fn=config.weight_fn)
 
 

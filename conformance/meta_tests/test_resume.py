@@ -7,13 +7,13 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import ConfigError, StateError, TopologyError
-from reference.mixing import STOPPING_STRATEGIES, MixConfig, balance_remaining
+from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig, balance_remaining
 from reference.packing import PackingConfig
 from reference.partition import PartitionConfig, steps_in_epoch
 from reference.resume import (
@@ -167,13 +167,18 @@ def mixtures(draw, *, max_sources: int = 3, stoppings=STOPPING_STRATEGIES):
                 split = None
         sources.append(corpus)
         configs.append(PipelineConfig(packing=packing, ordering=draw(ls.ordering_configs()), split=split))
-    weighted = draw(st.sampled_from(["round_robin", "weights", "balance"]))
+    weighted = draw(st.sampled_from(["round_robin", "weights", "balance", "streams"]))
     stopping = draw(st.sampled_from(sorted(stoppings)))
     weights = tuple(draw(st.lists(st.integers(1, 5), min_size=k, max_size=k))) if weighted == "weights" else None
     mixing = MixConfig(weights=weights, stopping=stopping, seed=draw(ls.seeds))
     fn = balance_remaining if weighted == "balance" else None
+    streams = None
+    if weighted == "streams":
+        streams = tuple(draw(st.sampled_from([StreamConfig(), StreamConfig(repeat=1.5), StreamConfig(repeat=0.5)]))
+                        for _ in range(k))
+        mixing = MixConfig(seed=mixing.seed)
     return sources, MixtureConfig(sources=tuple(configs), mixing=mixing, end=draw(st.sampled_from(["drop_last", "pad", "even"])),
-                                  weight_fn=fn)
+                                  weight_fn=fn, streams=streams)
 
 
 def _old_fingerprint(corpus, config):
@@ -200,6 +205,7 @@ def test_one_source_pipeline_without_split_keeps_its_samples_fingerprint_and_sta
 @given(mixture=mixtures(), epoch=st.integers(0, 3))
 def test_mixture_is_each_source_pipeline_interleaved_by_mix(mixture, epoch):
     sources, config = mixture
+    assume(config.streams is None)   # streams pick samples by MIX-15, checked in test_mixing
     per_source = [epoch_samples(c, cfg, epoch) for c, cfg in zip(sources, config.sources)]
     mixed = mixture_samples(sources, config, epoch)
     taken = [0] * len(sources)

@@ -37,11 +37,13 @@ Worked example (round robin over two sources of 3 and 2 samples)::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import math
 import numbers
 import operator
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,12 +54,13 @@ from impl import rng
 from impl.collation import batch_cu_seqlens
 from impl.dataset import SampleKey
 from impl.errors import ConfigError, is_integer, require
-from reference.mixing import STOPPING_STRATEGIES, MixConfig, WeightFn
+from reference.mixing import BATCHING_METHODS, STOPPING_STRATEGIES, MixConfig, StreamConfig, WeightFn
 from reference.partition import PADDING
 from reference.resume import MixtureConfig, canonical_json, mixture_fingerprint, padding_sample
-from reference.rng import Stream, derive_key
+from reference.rng import Stream, derive_key, subkey
 
-__all__ = ["MixPlan", "MixedDataset", "SampleKey", "balance_remaining", "interleave_datasets", "mix_plan"]
+__all__ = ["MixPlan", "MixedDataset", "SampleKey", "StreamConfig", "balance_remaining", "interleave_datasets", "mix_plan",
+           "stream_counts", "stream_plan"]
 
 _I64 = np.int64
 _BLOCK = 1 << 18
@@ -292,6 +295,86 @@ def _numpy(value: Any) -> np.ndarray:
     return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
+def _apportion(total: int, shares: Sequence[Fraction]) -> list[int]:
+    whole = sum(shares, Fraction(0))
+    out, before, running = [], 0, Fraction(0)
+    for share in shares:
+        running += share
+        bound = round(running * total / whole)
+        out.append(bound - before)
+        before = bound
+    return out
+
+
+def _exact(value: float) -> Fraction:
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def stream_counts(source_sizes: Sequence[int], streams: Sequence[StreamConfig], epoch_size: int | None = None) -> list[int]:
+    """Samples each MosaicML-style stream contributes per epoch (MIX-15): proportions apportion ``epoch_size``.
+
+    >>> stream_counts([100, 40], [StreamConfig(proportion=0.7), StreamConfig(proportion=0.3)], epoch_size=9)
+    [6, 3]
+    """
+    sizes = [int(n) for n in source_sizes]
+    require(len(streams) == len(sizes), ConfigError,
+            f"{len(streams)} streams for {len(sizes)} sources; pass one StreamConfig per source")
+    require(epoch_size is None or (is_integer(epoch_size) and epoch_size >= 1), ConfigError,
+            f"epoch_size={epoch_size!r} must be an integer >= 1 (samples per epoch), or None for the streams' own counts")
+    proportions = [s.proportion for s in streams]
+    if any(p is not None for p in proportions):
+        require(all(p is not None for p in proportions), ConfigError,
+                "some streams set proportion and others do not; give every stream a proportion, or none")
+        counts = _apportion(sum(sizes) if epoch_size is None else epoch_size,
+                            [_exact(p) for p in proportions if p is not None])
+    else:
+        counts = [s.choose if s.choose is not None else round(_exact(s.repeat) * n) if s.repeat is not None else n
+                  for s, n in zip(streams, sizes)]
+        if epoch_size is not None:
+            require(sum(counts) > 0, ConfigError, f"the streams contribute no sample, so epoch_size={epoch_size} cannot "
+                    "be apportioned; give a stream a positive count")
+            counts = _apportion(epoch_size, [Fraction(c) for c in counts])
+    for i, (c, n) in enumerate(zip(counts, sizes)):
+        require(c == 0 or n > 0, ConfigError, f"stream {i} should contribute {c} samples but its source is empty")
+    return counts
+
+
+def stream_plan(source_sizes: Sequence[int], streams: Sequence[StreamConfig], seed: int, epoch: int, *,
+                epoch_size: int | None = None, batching_method: str = "random") -> MixPlan:
+    """``reference.mixing.mix_streams`` as arrays (MIX-15, MIX-16): exact counts, whole passes, then a keyed subset.
+
+    >>> plan = stream_plan([3, 2], [StreamConfig(repeat=2.0), StreamConfig(choose=1)], 0, 0)
+    >>> sorted(zip(plan.source.tolist(), plan.item.tolist()))
+    [(0, 0), (0, 0), (0, 1), (0, 1), (0, 2), (0, 2), (1, 0)]
+    """
+    require(batching_method in BATCHING_METHODS, ConfigError,
+            f"batching_method={batching_method!r} is not one of {BATCHING_METHODS}")
+    if batching_method != "random":
+        raise NotImplementedError(
+            f"batching_method={batching_method!r} makes each global batch's composition depend on the global batch "
+            "size, which loadspec's elastic state leaves free (a resume may change it); use 'random' (exact "
+            "per-stream counts per epoch), or fix the batch size in the config once loadspec defines it (MIX-16)")
+    sizes = [int(n) for n in source_sizes]
+    counts = stream_counts(sizes, streams, epoch_size)
+    if not any(counts):
+        return MixPlan(np.zeros(0, _I64), np.zeros(0, _I64))
+    plan = mix_plan(counts, MixConfig(weights=tuple(float(c) for c in counts), stopping="all_exhausted", seed=seed),
+                    epoch)
+    key = derive_key(seed, int(epoch), Stream.MIX)
+    item = plan.item.copy()
+    for s, (n, c) in enumerate(zip(sizes, counts)):
+        rows = np.flatnonzero(plan.source == s)
+        if not len(rows):
+            continue
+        whole = (c // n) * n
+        j = plan.item[rows]
+        tail = j >= whole
+        item[rows] = j % n
+        if tail.any():
+            item[rows[tail]] = rng.FeistelPermutation(n, subkey(key, s))(j[tail] - whole)
+    return MixPlan(plan.source, item)
+
+
 class MixedDataset(Dataset[dict[str, Any]]):
     """Samples of several sources, mixed at sample level, equal to the reference's mixture (MIX-13).
 
@@ -317,7 +400,8 @@ class MixedDataset(Dataset[dict[str, Any]]):
 
     def __init__(self, sources: Sequence[Any], *, weights: Sequence[float] | None = None,
                  stopping: str = "first_exhausted", seed: int = 0, weight_fn: WeightFn | None = None,
-                 end: str = "drop_last", epoch: int = 0) -> None:
+                 end: str = "drop_last", epoch: int = 0, streams: Sequence[StreamConfig] | None = None,
+                 epoch_size: int | None = None, batching_method: str = "random") -> None:
         require(isinstance(sources, (list, tuple)) and len(sources) >= 1, ConfigError,
                 f"sources={sources!r} must be a non-empty list of datasets")
         require(stopping in STOPPING_STRATEGIES, ConfigError,
@@ -331,13 +415,21 @@ class MixedDataset(Dataset[dict[str, Any]]):
                 f"weights has {0 if weights is None else len(weights)} entries but there are {len(self.sources)} "
                 "sources; pass one weight per source")
         self.weight_fn = weight_fn
+        self.streams = None if streams is None else tuple(streams)
+        self.epoch_size = epoch_size
+        self.batching_method = batching_method
+        require(streams is None or (weights is None and weight_fn is None), ConfigError,
+                "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
+        require(streams is not None or (epoch_size is None and batching_method == "random"), ConfigError,
+                "epoch_size and batching_method apply to streams; pass streams=[StreamConfig(...), ...] with them")
         self.end = end
         self.epoch = int(epoch)
         prints = [_fingerprint_of(s, i) for i, s in enumerate(self.sources)]
         configs = [getattr(s, "config", None) for s in self.sources]
         if all(c is not None and hasattr(c, "packing") for c in configs):
             self.config: MixtureConfig | None = MixtureConfig(
-                sources=tuple(configs), mixing=self.mix_config, end=end, weight_fn=weight_fn)  # type: ignore[arg-type]
+                sources=tuple(configs), mixing=self.mix_config, end=end, weight_fn=weight_fn,  # type: ignore[arg-type]
+                streams=self.streams, epoch_size=epoch_size, batching_method=batching_method)
             self.fingerprint = mixture_fingerprint(_data_fingerprints(self.sources), self.config)
             packing = self.config.packing
             self._pad: dict[str, np.ndarray] | None = {name: np.asarray(getattr(padding_sample(packing), name), dtype=_I64) for name in FIELDS}
@@ -345,7 +437,10 @@ class MixedDataset(Dataset[dict[str, Any]]):
             self.config = None
             payload = {"data": prints, "mixture": {"mixing": {"weights": self.mix_config.weights,
                                                               "stopping": stopping, "seed": seed},
-                                                   "end": end, "weight_fn": _name(weight_fn)}}
+                                                   "end": end, "weight_fn": _name(weight_fn),
+                                                   "streams": None if streams is None else
+                                                   [dataclasses.asdict(x) for x in streams],
+                                                   "epoch_size": epoch_size, "batching_method": batching_method}}
             self.fingerprint = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
             self._pad = None
         self._plans: collections.OrderedDict[int, MixPlan] = collections.OrderedDict()
@@ -394,7 +489,11 @@ class MixedDataset(Dataset[dict[str, Any]]):
         epoch = int(epoch)
         plan = self._plans.get(epoch)
         if plan is None:
-            plan = mix_plan(self.source_sizes(epoch), self.mix_config, epoch, weight_fn=self.weight_fn)
+            if self.streams is not None:
+                plan = stream_plan(self.source_sizes(epoch), self.streams, self.mix_config.seed, epoch,
+                                   epoch_size=self.epoch_size, batching_method=self.batching_method)
+            else:
+                plan = mix_plan(self.source_sizes(epoch), self.mix_config, epoch, weight_fn=self.weight_fn)
             self._plans[epoch] = plan
             while len(self._plans) > 2:
                 self._plans.popitem(last=False)

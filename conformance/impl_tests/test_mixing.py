@@ -17,9 +17,9 @@ from conformance.assertions import assert_equal, assert_exactly_once, assert_rai
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError, StateError
 from impl.loader import build_dataloader
-from impl.mixing import MixedDataset, balance_remaining, interleave_datasets, mix_plan
+from impl.mixing import MixedDataset, balance_remaining, interleave_datasets, mix_plan, stream_plan
 from reference import mixing as ref_mixing
-from reference.mixing import STOPPING_STRATEGIES, MixConfig
+from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig
 from reference.packing import PackingConfig
 from reference.resume import MixtureConfig, MixtureReferenceLoader, PipelineConfig, mixture_samples
 
@@ -261,3 +261,70 @@ def test_interleave_datasets_refuses_the_ambiguous_all_exhausted_and_maps_the_se
     assert_equal(mix_plan(balanced.source_sizes(0), balanced.mix_config, 0, weight_fn=balance_remaining).source.tolist(),
                  balanced.plan(0).source.tolist(), clause="MIX-11", what="plan")
     check(SampleKey(0, 0) in [SampleKey(0, 0)], clause="MIX-13", what="keys are impl.dataset's SampleKey")
+
+
+# ---------------------------------------------------------------- MosaicML-style streams (MIX-15, MIX-16)
+
+
+@st.composite
+def stream_options(draw):
+    k = draw(st.integers(1, 4))
+    sizes = draw(st.lists(st.integers(0, 30), min_size=k, max_size=k))
+    if draw(st.booleans()):
+        streams = [StreamConfig(proportion=draw(st.sampled_from([0.1, 0.25, 1.0, 3.0]))) for _ in range(k)]
+    else:
+        streams = [draw(st.sampled_from([StreamConfig(), StreamConfig(repeat=0.5), StreamConfig(repeat=2.5),
+                                         StreamConfig(choose=draw(st.integers(0, 40)))])) for _ in range(k)]
+    return sizes, streams, draw(st.one_of(st.none(), st.integers(1, 80))), draw(ls.seeds), draw(st.integers(0, 5))
+
+
+@pytest.mark.clause("MIX-15")
+@given(options=stream_options())
+def test_stream_plan_equals_the_reference_streams(options):
+    sizes, streams, epoch_size, seed, epoch = options
+    expected, expected_error = _reference_or_error(ref_mixing.mix_streams, sizes, streams, seed, epoch,
+                                                   epoch_size=epoch_size)
+    plan, error = _reference_or_error(stream_plan, sizes, streams, seed, epoch, epoch_size=epoch_size)
+    assert_equal(error, expected_error, clause="MIX-15", what="error type", repro={"options": options})
+    if plan is not None:
+        assert_equal(list(zip(plan.source.tolist(), plan.item.tolist())), expected, clause="MIX-15",
+                     what="stream epoch", repro={"options": options})
+
+
+@pytest.mark.clause("MIX-15")
+@given(seed=ls.seeds, epoch=st.integers(0, 3), epoch_size=st.one_of(st.none(), st.integers(1, 60)))
+def test_mixed_dataset_with_streams_equals_the_reference_mixture(two_corpora, seed, epoch, epoch_size):
+    web, code = two_corpora
+    streams = (StreamConfig(proportion=0.6), StreamConfig(proportion=0.4)) if epoch_size else \
+        (StreamConfig(repeat=0.5), StreamConfig(choose=30))
+    mixed = MixedDataset([web, code], seed=seed, streams=streams, epoch_size=epoch_size)
+    config = MixtureConfig(sources=(web.config, code.config), mixing=MixConfig(seed=seed), streams=streams,
+                           epoch_size=epoch_size)
+    assert_equal(mixed.fingerprint, MixtureReferenceLoader([[], []], config, data_fingerprints=[web.store.fingerprint,
+                 code.store.fingerprint]).fingerprint, clause="MIX-14", what="fingerprint with streams")
+    sizes = mixed.source_sizes(epoch)
+    expected = ref_mixing.mix_streams(sizes, streams, seed, epoch, epoch_size=epoch_size)
+    batch = mixed.samples(epoch, range(mixed.num_samples(epoch)))
+    assert_equal(list(zip(batch["source"].tolist(), batch["source_index"].tolist())), expected, clause="MIX-15",
+                 what="mixed stream of streams", repro={"seed": seed, "epoch": epoch, "epoch_size": epoch_size})
+    for i, (s, j) in enumerate(expected[:5]):
+        row = (web, code)[s].samples(epoch, [j])["input_ids"][0]
+        check(np.array_equal(batch["input_ids"][i], row), clause="MIX-15", what=f"tokens of mixed sample {i}")
+
+
+@pytest.mark.clause("MIX-16")
+def test_bad_streams_are_refused_with_the_fix(two_corpora):
+    web, code = two_corpora
+    assert_raises_typed(ConfigError, StreamConfig, proportion=0.5, repeat=2.0, clause="MIX-15",
+                        what="proportion and repeat", mentions=["at most one"])
+    for bad in (0, -1):
+        mixed = MixedDataset([web, code], streams=[StreamConfig(), StreamConfig()], epoch_size=bad)
+        assert_raises_typed(ConfigError, mixed.num_samples, 0, clause="MIX-15", what=f"epoch_size={bad}",
+                            mentions=[f"epoch_size={bad}"])
+    assert_raises_typed(ConfigError, MixedDataset, [web, code], weights=(1.0, 1.0),
+                        streams=[StreamConfig(), StreamConfig()], clause="MIX-15", what="weights with streams",
+                        mentions=["weights=None"])
+    for method in ("stratified", "per_stream", "device_per_stream"):
+        mixed = MixedDataset([web, code], streams=[StreamConfig(), StreamConfig()], batching_method=method)
+        with pytest.raises(NotImplementedError, match="global batch size"):
+            mixed.num_samples(0)

@@ -139,6 +139,8 @@ class PackedDataset(Dataset):
     id, else its eos id, else 0. ``end`` is not used by the dataset (the
     sampler and loader own the end-of-epoch policy) but is part of
     :attr:`config` and so of the fingerprint, as in the reference.
+    ``split`` (``"train[:80%]"`` or a ``(start, stop)`` pair) reads only those
+    documents through a zero-copy ``impl.splits.SplitStore`` (SPLIT-8).
 
     ``ds[i]`` / ``ds[SampleKey(epoch, i)]`` return a dict of torch tensors:
     ``input_ids``, ``labels`` (IGNORE = -100), ``position_ids``, ``doc_ids``

@@ -234,7 +234,7 @@ class MixtureConfig:
         return self.sources[0].packing
 
     def to_json(self) -> dict[str, Any]:
-        out = {"sources": [s.to_json() for s in self.sources], "mixing": asdict(self.mixing),
+        out: dict[str, Any] = {"sources": [s.to_json() for s in self.sources], "mixing": asdict(self.mixing),
                "end": self.end, "weight_fn": _callable_name(self.weight_fn)}
         if self.streams is not None:
             out.update(streams=[asdict(s) for s in self.streams], epoch_size=self.epoch_size,

@@ -242,6 +242,7 @@ def parse_bounds(spec: str) -> tuple[str, int | str | None, int | str | None]:
     require(isinstance(spec, str), SplitError, f"split spec {spec!r} must be a string; {ACCEPTED_FORMS}")
     match = _SPEC_RE.fullmatch(spec)
     require(match is not None, SplitError, f"split spec {spec!r} is malformed; {ACCEPTED_FORMS}")
+    assert match is not None
     return match["name"], _parsed_bound(match["start"]), _parsed_bound(match["stop"])
 
 

@@ -79,6 +79,7 @@ from impl.packing import (
     num_samples as plan_num_samples,
 )
 from impl.partition import SampleKey, padding_rows
+from impl.splits import SplitStore, split_pipeline
 from impl.store import TokenStore
 from reference.ordering import OrderingConfig
 from reference.packing import MODES, STREAM_MODES, PackingConfig
@@ -98,8 +99,8 @@ _PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_con
                   "min_len")
 
 
-def _open_store(store: TokenStore | str | os.PathLike) -> TokenStore:
-    if isinstance(store, TokenStore):
+def _open_store(store: TokenStore | SplitStore | str | os.PathLike) -> TokenStore | SplitStore:
+    if isinstance(store, (TokenStore, SplitStore)):
         return store
     require(isinstance(store, (str, os.PathLike)), ConfigError,
             f"store={store!r} must be a TokenStore or the path of one; build it with TokenStore.build(...)")
@@ -132,6 +133,8 @@ class PackedDataset(Dataset):
     id, else its eos id, else 0. ``end`` is not used by the dataset (the
     sampler and loader own the end-of-epoch policy) but is part of
     :attr:`config` and so of the fingerprint, as in the reference.
+    ``split`` (``"train[:80%]"`` or a ``(start, stop)`` pair) reads only those
+    documents through a zero-copy ``impl.splits.SplitStore`` (SPLIT-8).
 
     ``ds[i]`` / ``ds[SampleKey(epoch, i)]`` return a dict of torch tensors:
     ``input_ids``, ``labels`` (IGNORE = -100), ``position_ids``, ``doc_ids``
@@ -152,7 +155,8 @@ class PackedDataset(Dataset):
                  shuffle: str = "none", window: int = 1024, seed: int = 0, pack_window: int = 1000,
                  overflow: str = "split", stride: int = 0, bos_on_continuation: bool = False, add_bos: bool = False,
                  add_eos: bool = False, min_len: int = 0, pad_id: int | None = None,
-                 cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last") -> None:
+                 cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last",
+                 split: str | tuple[Any, Any] | None = None) -> None:
         store = _open_store(store)
         require(is_integer(seq_len) and seq_len >= 1, ConfigError,
                 f"seq_len={seq_len!r} must be an integer >= 1 (input positions per sample), e.g. seq_len=2048")
@@ -178,6 +182,7 @@ class PackedDataset(Dataset):
                                   bos_id=store.bos_id, eos_id=store.eos_id, pad_id=pad_id, min_len=min_len),
             ordering=OrderingConfig(kind=SHUFFLES[shuffle], seed=seed, window=window),
             end=end,
+            split=split,
         )
         self._setup(store, config, cache_dir, epoch)
 
@@ -199,10 +204,11 @@ class PackedDataset(Dataset):
 
     def _setup(self, store: TokenStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
         require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        data_fingerprint, store, config = split_pipeline(store, config)   # SPLIT-8: a split reads a view of the store
         self.store = store
         self.config = config
         self.epoch = int(epoch)
-        self.fingerprint = pipeline_fingerprint(store.fingerprint, config)
+        self.fingerprint = pipeline_fingerprint(data_fingerprint, config)
         self._cache_arg = cache_dir
         self._cache_dir = self._resolve_cache_dir(cache_dir)
         self._file_sizes = list(store.file_document_counts)

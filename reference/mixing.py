@@ -38,10 +38,11 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Literal
 
 from reference.errors import ConfigError, StateError, is_int, require
-from reference.rng import MASK64, Stream, derive_key, unit
+from reference.rng import MASK64, FeistelPermutation, Stream, derive_key, subkey, unit
 
 Stopping = Literal["first_exhausted", "all_exhausted", "all_exhausted_oversample"]
 STOPPING_STRATEGIES = ("first_exhausted", "all_exhausted", "all_exhausted_oversample")
@@ -382,3 +383,154 @@ def mix(source_sizes: Sequence[int], config: MixConfig, epoch: int, *,
         if item is None:
             return out
         out.append(item)
+
+
+# ---------------------------------------------------------------- MosaicML-style streams (MIX-15, MIX-16)
+
+BATCHING_METHODS = ("random", "stratified", "per_stream", "device_per_stream")
+
+
+def _positive(value: object) -> bool:
+    return _is_weight(value) and float(value) > 0  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamConfig:
+    """How many samples one source contributes to every epoch, as MosaicML's ``Stream`` says it (MIX-15).
+
+    At most one of ``proportion`` (a share of the epoch, relative to the other
+    streams' proportions), ``repeat`` (a multiple of the source's size, e.g.
+    0.5 or 2.0) and ``choose`` (an exact count); none means ``repeat=1``.
+
+    >>> StreamConfig(proportion=0.3, repeat=2.0)
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: a stream sets proportion=0.3 and repeat=2.0; set at most one of proportion, repeat and choose
+    """
+
+    proportion: float | None = None
+    repeat: float | None = None
+    choose: int | None = None
+
+    def __post_init__(self) -> None:
+        given = {k: v for k, v in (("proportion", self.proportion), ("repeat", self.repeat), ("choose", self.choose))
+                 if v is not None}
+        require(len(given) <= 1, ConfigError,
+                "a stream sets " + " and ".join(f"{k}={v!r}" for k, v in given.items())
+                + "; set at most one of proportion, repeat and choose")
+        for name in ("proportion", "repeat"):
+            value = getattr(self, name)
+            require(value is None or _positive(value), ConfigError,
+                    f"{name}={value!r} must be a finite number > 0")
+        require(self.choose is None or (is_int(self.choose) and self.choose >= 0), ConfigError,
+                f"choose={self.choose!r} must be an integer >= 0 (samples per epoch)")
+
+
+def _fraction(value: float) -> Fraction:
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def _apportion(total: int, shares: Sequence[Fraction]) -> list[int]:
+    """``total`` split by ``shares`` with cumulative boundaries rounded half to even (as SPLIT-7), summing exactly."""
+    whole = sum(shares, Fraction(0))
+    bounds, running = [0], Fraction(0)
+    for share in shares:
+        running += share
+        bounds.append(round(running * total / whole))
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def stream_counts(source_sizes: Sequence[int], streams: Sequence[StreamConfig], epoch_size: int | None = None) -> list[int]:
+    """Samples each stream contributes to one epoch (MIX-15).
+
+    With proportions (every stream must then have one, as in MosaicML), the
+    epoch of ``epoch_size`` samples (default: the sum of the sizes) is
+    apportioned by them; otherwise stream i contributes ``choose``,
+    ``round(repeat * n_i)`` (exact, half to even) or ``n_i``, and an
+    ``epoch_size`` rescales those counts to sum to it. Apportioning rounds
+    cumulative boundaries, so the counts sum to ``epoch_size`` exactly.
+
+    >>> stream_counts([100, 40], [StreamConfig(repeat=0.5), StreamConfig(choose=10)])
+    [50, 10]
+    >>> stream_counts([100, 40], [StreamConfig(proportion=0.7), StreamConfig(proportion=0.3)], epoch_size=9)
+    [6, 3]
+    >>> stream_counts([100, 40], [StreamConfig(), StreamConfig()], epoch_size=0)
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: epoch_size=0 must be an integer >= 1 (samples per epoch), or None for the streams' own counts
+
+    Clauses: MIX-15.
+    """
+    sizes = _check_sizes(source_sizes)
+    require(len(streams) == len(sizes), ConfigError,
+            f"{len(streams)} streams for {len(sizes)} sources; pass one StreamConfig per source")
+    require(epoch_size is None or (is_int(epoch_size) and epoch_size >= 1), ConfigError,
+            f"epoch_size={epoch_size!r} must be an integer >= 1 (samples per epoch), or None for the streams' own counts")
+    with_proportion = [s.proportion is not None for s in streams]
+    if any(with_proportion):
+        require(all(with_proportion), ConfigError,
+                "some streams set proportion and others do not; give every stream a proportion, or none")
+        total = sum(sizes) if epoch_size is None else epoch_size
+        counts = _apportion(total, [_fraction(s.proportion) for s in streams])  # type: ignore[arg-type]
+    else:
+        counts = [s.choose if s.choose is not None else
+                  round(_fraction(s.repeat) * n) if s.repeat is not None else n
+                  for s, n in zip(streams, sizes)]
+        if epoch_size is not None:
+            require(sum(counts) > 0, ConfigError, f"the streams contribute no sample, so epoch_size={epoch_size} cannot be "
+                    "apportioned; give a stream a positive count")
+            counts = _apportion(epoch_size, [Fraction(c) for c in counts])
+    for i, (c, n) in enumerate(zip(counts, sizes)):
+        require(c == 0 or n > 0, ConfigError, f"stream {i} should contribute {c} samples but its source is empty")
+    return counts
+
+
+def stream_item(size: int, count: int, j: int, key: int) -> int:
+    """The source sample behind virtual item j of a stream of ``count`` items over ``size`` samples (MIX-15).
+
+    Whole passes first (item j is sample ``j % size`` while ``j < (count // size) * size``),
+    then a keyed sample without replacement for the remainder: ``FeistelPermutation(size, key)``
+    of the position within it, so a fresh subset every epoch.
+
+    >>> [stream_item(4, 10, j, key=1) for j in range(8)]
+    [0, 1, 2, 3, 0, 1, 2, 3]
+
+    Clauses: MIX-15.
+    """
+    whole = (count // size) * size
+    return j % size if j < whole else FeistelPermutation(size, key)(j - whole)
+
+
+def mix_streams(source_sizes: Sequence[int], streams: Sequence[StreamConfig], seed: int, epoch: int, *,
+                epoch_size: int | None = None, batching_method: str = "random") -> list[Item]:
+    """An epoch of MosaicML-style streams: exact per-stream counts, interleaved at random (MIX-15, MIX-16).
+
+    The counts of ``stream_counts`` become the sizes of a weighted
+    ``all_exhausted`` mix with the counts as weights (so every stream's items
+    appear exactly ``count`` times, spread through the epoch, and the
+    interleaving is fresh every epoch); virtual item j of stream i maps to
+    source sample ``stream_item(n_i, count_i, j, subkey(key, i))`` with
+    ``key = derive_key(seed, epoch, MIX)``. Only ``batching_method="random"``
+    is defined: the other three tie the stream to the global batch size,
+    which the elastic state (RES-4) deliberately leaves free (MIX-16).
+
+    >>> items = mix_streams([3, 2], [StreamConfig(repeat=2.0), StreamConfig(choose=1)], seed=0, epoch=0)
+    >>> sorted(items)
+    [(0, 0), (0, 0), (0, 1), (0, 1), (0, 2), (0, 2), (1, 0)]
+
+    Clauses: MIX-15, MIX-16.
+    """
+    require(batching_method in BATCHING_METHODS, ConfigError,
+            f"batching_method={batching_method!r} is not one of {BATCHING_METHODS}")
+    if batching_method != "random":
+        raise NotImplementedError(
+            f"batching_method={batching_method!r} makes each global batch's composition depend on the global batch "
+            "size, which loadspec's elastic state leaves free (a resume may change it); use 'random' (exact "
+            "per-stream counts per epoch), or fix the batch size in the config once loadspec defines it (MIX-16)")
+    sizes = _check_sizes(source_sizes)
+    counts = stream_counts(sizes, streams, epoch_size)
+    key = derive_key(seed, epoch, Stream.MIX)
+    if not any(counts):
+        return []
+    items = mix(counts, MixConfig(weights=tuple(float(c) for c in counts), stopping="all_exhausted", seed=seed), epoch)
+    return [(s, stream_item(sizes[s], counts[s], j, subkey(key, s))) for s, j in items]

@@ -1,7 +1,8 @@
 """The pipeline and its resume contract, as executable functions.
 
 Why: "resumes exactly" means nothing until it is a function that can fail.
-This module composes the reference pipeline (ORD → PACK → PART) into a per-rank
+This module composes the reference pipeline (SPLIT → ORD → PACK → PART, and for
+several sources SPLIT → ORD → PACK per source, then MIX → PART) into a per-rank
 loader whose whole state is ``(epoch, consumed)`` (RES-2), and states the
 contract as ``resume_mismatch``: for every position k, a fresh loader given the
 state taken after k batches yields exactly batches k.. of the uninterrupted
@@ -9,7 +10,7 @@ stream, across epoch boundaries too (RES-1). Because the state counts samples
 of the *global* stream, it is independent of world size, batch size and worker
 count (RES-4, RES-5).
 
-Clauses: RES-1 .. RES-7.
+Clauses: RES-1 .. RES-7, SPLIT-8, MIX-13, MIX-14.
 
 Worked example (3 documents of 3 tokens, L = 2, one document per sample, so each is split into
 2 chunks and the epoch holds 6 samples; two ranks, B = 1)::
@@ -33,10 +34,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-from reference.errors import ConfigError, StateError, TopologyError, require
+from reference.errors import ConfigError, SplitError, StateError, TopologyError, require
+from reference.mixing import MixConfig, StreamConfig, WeightFn, mix, mix_streams
 from reference.ordering import OrderingConfig, epoch_order
 from reference.packing import IGNORE, PackingConfig, Sample, pack
 from reference.partition import PADDING, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
+from reference.splits import Bound, parse_bounds, resolve_bound, resolve_slice, split_corpus
 
 STATE_FORMAT = "loadspec.state"
 STATE_VERSION = 1
@@ -53,18 +56,49 @@ Corpus = Sequence[Sequence[Sequence[int]]]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PipelineConfig:
-    """What the data is turned into: part of the fingerprint (RES-3). Topology is not."""
+    """What the data is turned into: part of the fingerprint (RES-3). Topology is not.
+
+    ``split`` selects documents ``[start, stop)`` of the store's file-major
+    order before ordering (SPLIT-8): a ``(start, stop)`` pair of bounds
+    (SPLIT-1..SPLIT-4) or split notation such as ``"train[:80%]"`` (SPLIT-6),
+    stored as the pair. ``split=None`` (the whole store) leaves ``to_json``,
+    and so every fingerprint, exactly as before splits existed.
+
+    >>> PipelineConfig(packing=PackingConfig(seq_len=4), split="train[10000:]").split
+    (10000, None)
+    """
 
     packing: PackingConfig
     ordering: OrderingConfig = field(default_factory=OrderingConfig)
     end: Literal["drop_last", "pad", "even"] = "drop_last"
+    split: tuple[Bound, Bound] | str | None = None
 
     def __post_init__(self) -> None:
         require(self.end in ("drop_last", "pad", "even"), ConfigError,
                 f"end={self.end!r}: choose one of 'drop_last', 'pad', 'even'")
+        if self.split is not None:
+            if isinstance(self.split, str):
+                _, start, stop = parse_bounds(self.split)
+                object.__setattr__(self, "split", (start, stop))
+            require(isinstance(self.split, (tuple, list)) and len(self.split) == 2, SplitError,
+                    f"split={self.split!r} must be a (start, stop) pair or split notation like \"train[:80%]\"")
+            for bound in self.split:
+                resolve_bound(bound, 0)
+            object.__setattr__(self, "split", tuple(self.split))
 
     def to_json(self) -> dict[str, Any]:
-        return {"ordering": asdict(self.ordering), "packing": asdict(self.packing), "end": self.end}
+        out: dict[str, Any] = {"ordering": asdict(self.ordering), "packing": asdict(self.packing), "end": self.end}
+        if self.split is not None:
+            out["split"] = list(self.split)
+        return out
+
+    def rows(self, num_documents: int) -> range:
+        """The documents this pipeline reads, of a store holding ``num_documents`` (SPLIT-8)."""
+        if self.split is None:
+            return range(num_documents)
+        assert isinstance(self.split, tuple)
+        start, stop = self.split
+        return resolve_slice(start, stop, num_documents)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,6 +129,7 @@ class Row:
     epoch: int
     sample_index: int
     sample: Sample
+    source: int = 0
 
 
 def canonical_json(value: Any) -> str:
@@ -113,7 +148,9 @@ def pipeline_fingerprint(data_fingerprint: str, config: PipelineConfig) -> str:
 
 
 def epoch_samples(corpus: Corpus, config: PipelineConfig, epoch: int) -> list[Sample]:
-    """The epoch's global sample stream: documents in ORD order, packed by PACK (RES-1)."""
+    """The epoch's global sample stream: the split's documents (SPLIT-8) in ORD order, packed by PACK (RES-1)."""
+    if config.split is not None:
+        corpus = split_corpus(corpus, config.rows(sum(len(f) for f in corpus)))
     documents = [doc for file in corpus for doc in file]
     order = epoch_order([len(f) for f in corpus], config.ordering, epoch)
     return pack([(d, documents[d]) for d in order], config.packing)
@@ -124,6 +161,142 @@ def padding_sample(config: PackingConfig) -> Sample:
     n = config.seq_len
     return Sample(input_ids=(config.pad_id,) * n, labels=(IGNORE,) * n, position_ids=(0,) * n,
                   doc_ids=(-1,) * n, token_offsets=(-1,) * n, document_starts=())
+
+
+def _callable_name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MixtureConfig:
+    """Several sources, each its own pipeline up to PACK, mixed at sample level (MIX-13).
+
+    Why sample level: a sample is ``seq_len`` positions whatever its source,
+    so a weight of 0.7 is 70 % of the trained tokens, not 70 % of documents
+    of unequal length. Each source keeps its own ``PipelineConfig``
+    (split, ordering, packing; its ``end`` is unused); the mixture's ``end``
+    is the partition's. Every source must pack to the same ``seq_len`` and
+    ``pad_id`` (a batch stacks samples of several sources). ``weight_fn``
+    (MIX-4) enters the fingerprint by its qualified name (MIX-14).
+    ``streams`` (one ``StreamConfig`` per source) with ``epoch_size`` and
+    ``batching_method`` select MosaicML-style per-epoch counts instead
+    (MIX-15, MIX-16); the weights then come from the counts, and
+    ``mixing.seed`` keys the draws.
+
+    >>> p = PackingConfig(seq_len=4)
+    >>> MixtureConfig(sources=(PipelineConfig(packing=p), PipelineConfig(packing=PackingConfig(seq_len=8))))
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: sources[1] packs seq_len=8, pad_id=0 but sources[0] packs seq_len=4, pad_id=0; every source of a mixture must pack to the same seq_len and pad_id
+    """
+
+    sources: tuple[PipelineConfig, ...]
+    mixing: MixConfig = field(default_factory=MixConfig)
+    end: Literal["drop_last", "pad", "even"] = "drop_last"
+    weight_fn: WeightFn | None = None
+    streams: tuple[StreamConfig, ...] | None = None
+    epoch_size: int | None = None
+    batching_method: str = "random"
+
+    def __post_init__(self) -> None:
+        if self.streams is not None:
+            object.__setattr__(self, "streams", tuple(self.streams))
+            require(len(self.streams) == len(self.sources), ConfigError,
+                    f"{len(self.streams)} streams for {len(self.sources)} sources; pass one StreamConfig per source")
+            require(all(isinstance(s, StreamConfig) for s in self.streams), ConfigError,
+                    "streams must be StreamConfig objects, one per source")
+            require(self.mixing.weights is None and self.weight_fn is None, ConfigError,
+                    "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
+        else:
+            require(self.epoch_size is None and self.batching_method == "random", ConfigError,
+                    "epoch_size and batching_method apply to streams; pass streams=(StreamConfig(...), ...) with them")
+        require(isinstance(self.sources, (tuple, list)) and len(self.sources) >= 1, ConfigError,
+                f"sources={self.sources!r} must be a non-empty tuple of PipelineConfig, one per source")
+        object.__setattr__(self, "sources", tuple(self.sources))
+        for i, src in enumerate(self.sources):
+            require(isinstance(src, PipelineConfig), ConfigError, f"sources[{i}]={src!r} must be a PipelineConfig")
+        first = self.sources[0].packing
+        for i, src in enumerate(self.sources[1:], start=1):
+            p = src.packing
+            require((p.seq_len, p.pad_id) == (first.seq_len, first.pad_id), ConfigError,
+                    f"sources[{i}] packs seq_len={p.seq_len}, pad_id={p.pad_id} but sources[0] packs "
+                    f"seq_len={first.seq_len}, pad_id={first.pad_id}; every source of a mixture must pack to the "
+                    "same seq_len and pad_id")
+        require(isinstance(self.mixing, MixConfig), ConfigError, f"mixing={self.mixing!r} must be a MixConfig")
+        weights = self.mixing.weights
+        require(weights is None or len(weights) == len(self.sources), ConfigError,
+                f"mixing.weights has {0 if weights is None else len(weights)} entries but there are "
+                f"{len(self.sources)} sources; pass one weight per source")
+        require(self.end in ("drop_last", "pad", "even"), ConfigError,
+                f"end={self.end!r}: choose one of 'drop_last', 'pad', 'even'")
+        require(self.weight_fn is None or callable(self.weight_fn), ConfigError,
+                f"weight_fn={self.weight_fn!r} must be callable (step, sizes, taken, exhausted) -> weights")
+
+    @property
+    def packing(self) -> PackingConfig:
+        return self.sources[0].packing
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sources": [s.to_json() for s in self.sources], "mixing": asdict(self.mixing),
+               "end": self.end, "weight_fn": _callable_name(self.weight_fn)}
+        if self.streams is not None:
+            out.update(streams=[asdict(s) for s in self.streams], epoch_size=self.epoch_size,
+                       batching_method=self.batching_method)
+        return out
+
+
+def mixture_fingerprint(data_fingerprints: Sequence[str], config: MixtureConfig) -> str:
+    """Fingerprint of a mixture: every source's data, in order, and the mixture config (MIX-14, RES-3).
+
+    >>> p = PipelineConfig(packing=PackingConfig(seq_len=4))
+    >>> a = mixture_fingerprint(["d0", "d1"], MixtureConfig(sources=(p, p)))
+    >>> a != mixture_fingerprint(["d1", "d0"], MixtureConfig(sources=(p, p)))
+    True
+
+    Clauses: MIX-14.
+    """
+    require(len(data_fingerprints) == len(config.sources), ConfigError,
+            f"{len(data_fingerprints)} data fingerprints for {len(config.sources)} sources; pass one per source")
+    payload = canonical_json({"data": list(data_fingerprints), "mixture": config.to_json()})
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def mixture_items(source_sizes: Sequence[int], config: MixtureConfig, epoch: int) -> list[tuple[int, int]]:
+    """Epoch ``epoch``'s mixed stream of ``(source, sample index within the source's epoch)`` (MIX-13, MIX-15)."""
+    if config.streams is not None:
+        return mix_streams(source_sizes, config.streams, config.mixing.seed, epoch, epoch_size=config.epoch_size,
+                           batching_method=config.batching_method)
+    return mix(source_sizes, config.mixing, epoch, weight_fn=config.weight_fn)
+
+
+def mixture_samples(sources: Sequence[Corpus], config: MixtureConfig, epoch: int) -> list[tuple[int, Sample]]:
+    """The epoch's global stream of a mixture: ``(source, sample)`` pairs (MIX-13).
+
+    Each source runs its own pipeline up to PACK (``epoch_samples``: split,
+    order, pack, keyed by the source's own seed and the epoch); MIX then
+    interleaves the sources' sample indices (``mix`` over the per-source
+    sample counts of this epoch); PART partitions the result like any
+    single-source stream. A fresh mixture every epoch: the MIX draws are
+    keyed by ``(mixing.seed, epoch)``.
+
+    Worked example (two sources of one file; A: 2 documents of 3 tokens, B: 1 document of 7 tokens,
+    L = 2, chunk packing, round robin, all_exhausted)::
+
+        >>> cfg = PipelineConfig(packing=PackingConfig(seq_len=2, mode="chunk"))
+        >>> mixed = mixture_samples([[[[1, 2, 3], [4, 5, 6]]], [[[7, 8, 9, 10, 11, 12, 13]]]],
+        ...                         MixtureConfig(sources=(cfg, cfg), mixing=MixConfig(stopping="all_exhausted")), 0)
+        >>> [(s, x.input_ids) for s, x in mixed]
+        [(0, (1, 2)), (1, (7, 8)), (0, (4, 5)), (1, (10, 11))]
+
+    Clauses: MIX-13.
+    """
+    require(len(sources) == len(config.sources), ConfigError,
+            f"{len(sources)} corpora for {len(config.sources)} source configs; pass one corpus per source")
+    per_source = [epoch_samples(corpus, cfg, epoch) for corpus, cfg in zip(sources, config.sources)]
+    items = mixture_items([len(s) for s in per_source], config, epoch)
+    return [(s, per_source[s][i]) for s, i in items]
 
 
 class Loader(Protocol):
@@ -161,6 +334,10 @@ class ReferenceLoader:
             self._samples = (epoch, epoch_samples(self.corpus, self.config, epoch))
         return self._samples[1]
 
+    def source_of(self, epoch: int, index: int) -> int:
+        """Which source sample ``index`` of ``epoch`` comes from: always 0 for one source."""
+        return 0
+
     def __len__(self) -> int:
         """Steps in the current epoch from its start."""
         return steps_in_epoch(len(self.samples(self.epoch)), self.partition)
@@ -178,7 +355,8 @@ class ReferenceLoader:
         group = data_parallel_group(self.topology.rank, self.partition)
         while step := step_slice(self.consumed, len(samples), self.partition):
             self.consumed = advance(self.consumed, len(samples), self.partition)
-            yield [Row(epoch, i, samples[i] if i != PAD_SAMPLE_INDEX else pad) for i in step[group]]
+            yield [Row(epoch, i, samples[i], self.source_of(epoch, i)) if i != PAD_SAMPLE_INDEX
+                   else Row(epoch, i, pad) for i in step[group]]
         self.epoch, self.consumed = epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -191,6 +369,43 @@ class ReferenceLoader:
                 f"state has consumed={consumed} but epoch {epoch} holds {total} samples: it was taken on other data "
                 "or config; start from a fresh state or restore the matching data")
         self.epoch, self.consumed = epoch, consumed
+
+
+class MixtureReferenceLoader(ReferenceLoader):
+    """One rank's view of a mixture (MIX-13): ReferenceLoader over the mixed stream, rows tagged with their source.
+
+    The state is the same ``(epoch, consumed)`` of RES-2, counting the mixed
+    stream, so resuming needs no mixing cursor: the stream is a pure function
+    of the sources, the config and the epoch (MIX-13, RES-4).
+    """
+
+    def __init__(self, sources: Sequence[Corpus], config: MixtureConfig, topology: Topology = Topology(), *,
+                 data_fingerprints: Sequence[str] | None = None) -> None:
+        require(isinstance(config, MixtureConfig), ConfigError, f"config={config!r} must be a MixtureConfig")
+        self.corpus = sources   # type: ignore[assignment]
+        self.sources = sources
+        self.mixture = config
+        self.config = config.sources[0]
+        self.topology = topology
+        self.partition = topology.partition(config.end)
+        prints = data_fingerprints or [corpus_fingerprint(c) for c in sources]
+        self.fingerprint = mixture_fingerprint(prints, config)
+        self.epoch = 0
+        self.consumed = 0
+        self._samples = None
+        self._mixed: tuple[int, list[int]] | None = None
+
+    def samples(self, epoch: int) -> list[Sample]:
+        if self._samples is None or self._samples[0] != epoch:
+            mixed = mixture_samples(self.sources, self.mixture, epoch)
+            self._samples = (epoch, [sample for _, sample in mixed])
+            self._mixed = (epoch, [s for s, _ in mixed])
+        return self._samples[1]
+
+    def source_of(self, epoch: int, index: int) -> int:
+        self.samples(epoch)
+        assert self._mixed is not None
+        return self._mixed[1][index]
 
 
 def make_state(fingerprint: str, epoch: int, consumed: int) -> dict[str, Any]:

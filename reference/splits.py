@@ -226,3 +226,47 @@ def split_points(n: int, fractions: Sequence[float]) -> list[range]:
         bounds.append(min(round(cumulative * n), n))
     bounds.append(n)
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def parse_bounds(spec: str) -> tuple[str, int | str | None, int | str | None]:
+    """The name and the two bounds of split notation, without resolving them against n (SPLIT-6, SPLIT-8).
+
+    Why: a pipeline configuration records the bounds as written (they are
+    part of its fingerprint) before it sees the data they resolve against.
+
+    >>> parse_bounds("train[:80%]"), parse_bounds("train[10000:]"), parse_bounds("train")
+    (('train', None, '80%'), ('train', 10000, None), ('train', None, None))
+
+    Clauses: SPLIT-6, SPLIT-8.
+    """
+    require(isinstance(spec, str), SplitError, f"split spec {spec!r} must be a string; {ACCEPTED_FORMS}")
+    match = _SPEC_RE.fullmatch(spec)
+    require(match is not None, SplitError, f"split spec {spec!r} is malformed; {ACCEPTED_FORMS}")
+    assert match is not None
+    return match["name"], _parsed_bound(match["start"]), _parsed_bound(match["stop"])
+
+
+def split_corpus(corpus: Sequence[Sequence[Sequence[int]]], rows: range) -> list[list[Sequence[int]]]:
+    """The documents ``rows`` of a corpus's file-major order, as a corpus of its own (SPLIT-8).
+
+    Why before ordering: a split is a fixed set of documents (a validation set
+    must not change with the shuffle seed or the epoch), so it is cut from
+    the stored order and ORD then shuffles only inside it. Files keep their
+    boundaries, clipped to the rows; files left with no document are dropped.
+    Document ids in the split count from 0 (the split's first row); the rows
+    are part of the pipeline fingerprint, so provenance stays recoverable.
+
+    >>> split_corpus([[[1], [2]], [[3], [4], [5]], [[6]]], range(1, 4))
+    [[[2]], [[3], [4]]]
+
+    Clauses: SPLIT-8.
+    """
+    out: list[list[Sequence[int]]] = []
+    start = 0
+    for file in corpus:
+        stop = start + len(file)
+        lo, hi = max(start, rows.start), min(stop, rows.stop)
+        if lo < hi:
+            out.append(list(file[lo - start:hi - start]))
+        start = stop
+    return out

@@ -16,7 +16,7 @@ import math
 from collections import Counter
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
@@ -26,11 +26,14 @@ from reference.mixing import (
     STOPPING_STRATEGIES,
     MixConfig,
     MixState,
+    StreamConfig,
     balance_remaining,
     choose_weighted,
     initial_state,
     mix,
+    mix_streams,
     next_item,
+    stream_counts,
 )
 
 sizes_st = st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=4)
@@ -483,3 +486,69 @@ def test_bad_configuration_sizes_epochs_and_states_are_refused_with_typed_errors
     inconsistent = dataclasses.replace(initial_state(2), cursor=(2, 0))
     assert_raises_typed(StateError, next_item, inconsistent, [2, 2], MixConfig(), 0, clause="MIX-12",
                         what="a used-up source not flagged exhausted", mentions=["exhausted[0]"])
+
+
+# ---------------------------------------------------------------- MosaicML-style streams (MIX-15, MIX-16)
+
+
+@st.composite
+def stream_setups(draw):
+    k = draw(st.integers(1, 3))
+    sizes = draw(st.lists(st.integers(1, 12), min_size=k, max_size=k))
+    if draw(st.booleans()):
+        streams = [StreamConfig(proportion=draw(st.sampled_from([0.1, 0.25, 0.5, 1.0, 3.0]))) for _ in range(k)]
+    else:
+        streams = [draw(st.sampled_from([StreamConfig(), StreamConfig(repeat=0.5), StreamConfig(repeat=2.5),
+                                         StreamConfig(choose=draw(st.integers(0, 15)))])) for _ in range(k)]
+    epoch_size = draw(st.one_of(st.none(), st.integers(1, 40)))
+    return sizes, streams, epoch_size
+
+
+@pytest.mark.clause("MIX-15")
+@given(setup=stream_setups(), seed=seed_st, epoch=epoch_st)
+def test_streams_emit_exact_counts_with_whole_passes_first(setup, seed, epoch):
+    sizes, streams, epoch_size = setup
+    try:
+        counts = stream_counts(sizes, streams, epoch_size)
+    except ConfigError:
+        assume(False)
+    if epoch_size is not None:
+        assert_equal(sum(counts), epoch_size, clause="MIX-15", what="counts sum to epoch_size", repro={"setup": setup})
+    items = mix_streams(sizes, streams, seed, epoch, epoch_size=epoch_size)
+    per = Counter(s for s, _ in items)
+    assert_equal([per[i] for i in range(len(sizes))], counts, clause="MIX-15", what="items per stream",
+                 repro={"setup": setup, "seed": seed})
+    for i, (n, c) in enumerate(zip(sizes, counts)):
+        seen = Counter(j for s, j in items if s == i)
+        check(all(c // n <= seen[j] <= c // n + 1 for j in range(n)) and sum(seen.values()) == c, clause="MIX-15",
+              what=f"stream {i}: each sample {c // n} or {c // n + 1} times in {c} items, got {dict(seen)}",
+              repro={"setup": setup, "seed": seed})
+
+
+@pytest.mark.clause("MIX-15")
+def test_stream_counts_follow_the_documented_examples_and_refuse_bad_streams():
+    assert_equal(stream_counts([100, 40], [StreamConfig(repeat=0.5), StreamConfig(choose=10)]), [50, 10],
+                 clause="MIX-15", what="repeat and choose")
+    assert_equal(stream_counts([100, 40], [StreamConfig(proportion=0.7), StreamConfig(proportion=0.3)], epoch_size=9),
+                 [6, 3], clause="MIX-15", what="proportions of 9")
+    assert_raises_typed(ConfigError, StreamConfig, proportion=0.3, repeat=2.0, clause="MIX-15",
+                        what="proportion with repeat", mentions=["at most one"])
+    for bad in (0, -3):
+        assert_raises_typed(ConfigError, stream_counts, [5], [StreamConfig()], bad, clause="MIX-15",
+                            what=f"epoch_size={bad}", mentions=[f"epoch_size={bad}"])
+    assert_raises_typed(ConfigError, stream_counts, [5, 5], [StreamConfig(proportion=0.5), StreamConfig()],
+                        clause="MIX-15", what="proportion on some streams only", mentions=["every stream a proportion"])
+    assert_raises_typed(ConfigError, stream_counts, [5, 0], [StreamConfig(), StreamConfig(choose=2)],
+                        clause="MIX-15", what="a count for an empty source", mentions=["empty"])
+    a = mix_streams([3, 2], [StreamConfig(repeat=2.0), StreamConfig(choose=1)], seed=0, epoch=0)
+    b = mix_streams([3, 2], [StreamConfig(repeat=2.0), StreamConfig(choose=1)], seed=0, epoch=1)
+    check(sorted(a) == sorted(x for x in a) and len(a) == len(b) == 7, clause="MIX-15", what="epoch of 7 items")
+
+
+@pytest.mark.clause("MIX-16")
+@pytest.mark.parametrize("method", ["stratified", "per_stream", "device_per_stream"])
+def test_batch_size_dependent_batching_methods_are_refused_with_the_reason(method):
+    with pytest.raises(NotImplementedError, match="global batch size"):
+        mix_streams([3, 2], [StreamConfig(), StreamConfig()], seed=0, epoch=0, batching_method=method)
+    assert_raises_typed(ConfigError, mix_streams, [3, 2], [StreamConfig(), StreamConfig()], 0, 0,
+                        batching_method="balanced", clause="MIX-16", what="unknown method", mentions=["'balanced'"])

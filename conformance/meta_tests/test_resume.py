@@ -2,25 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
-from reference.errors import StateError, TopologyError
+from reference.errors import ConfigError, StateError, TopologyError
+from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig, balance_remaining
 from reference.packing import PackingConfig
 from reference.partition import PartitionConfig, steps_in_epoch
-from reference.resume import (PipelineConfig, ReferenceLoader, Topology, corpus_fingerprint, global_steps,
-                              resume_mismatch, take)
+from reference.resume import (
+    MixtureConfig,
+    MixtureReferenceLoader,
+    PipelineConfig,
+    ReferenceLoader,
+    Topology,
+    canonical_json,
+    corpus_fingerprint,
+    epoch_samples,
+    global_steps,
+    mixture_fingerprint,
+    mixture_samples,
+    pipeline_fingerprint,
+    resume_mismatch,
+    take,
+)
 
 
 @pytest.mark.clause("RES-1")
 @given(corpus=ls.corpora(), config=ls.pipeline_configs(), topology=ls.topologies(max_world=3))
 def test_reference_resumes_at_every_position_across_epoch_boundaries(corpus, config, topology):
-    make = lambda: ReferenceLoader(corpus, config, topology)  # noqa: E731
+    make = lambda: ReferenceLoader(corpus, config, topology)
     horizon = 2 * len(make()) + 3
     mismatch = resume_mismatch(make, range(horizon + 1), horizon)
     check(mismatch is None, clause="RES-1", what=f"resume at step {mismatch and mismatch[0]} diverged at step "
@@ -128,3 +145,158 @@ def test_epochs_follow_each_other_and_set_epoch_keeps_a_resumed_position():
     resumed.set_epoch(3)
     assert_equal(resumed.state_dict()["consumed"], 0, clause="RES-7", what="consumed after set_epoch(3)")
     check(len(first) == 7, clause="RES-7", what=f"epoch 0 has {len(first)} steps, expected (29-1)//4 = 7")
+
+
+# ---------------------------------------------------------------- the composed pipeline: splits and mixtures
+
+
+@st.composite
+def mixtures(draw, *, max_sources: int = 3, stoppings=STOPPING_STRATEGIES):
+    """(corpora, MixtureConfig): 1..max_sources sources sharing one packing, each with its own order and split."""
+    k = draw(st.integers(1, max_sources))
+    packing = draw(ls.packing_configs())
+    sources, configs = [], []
+    for _ in range(k):
+        corpus = draw(ls.corpora(max_docs=6, max_len=30))
+        n = sum(len(f) for f in corpus)
+        split = None
+        if n >= 2 and draw(st.booleans()):
+            a = draw(st.integers(0, n - 1))
+            split = draw(st.sampled_from([(a, None), (None, a + 1), (a, draw(st.integers(a + 1, n))), (None, "50%")]))
+            if split == (None, "50%") and round(n / 2) == 0:
+                split = None
+        sources.append(corpus)
+        configs.append(PipelineConfig(packing=packing, ordering=draw(ls.ordering_configs()), split=split))
+    weighted = draw(st.sampled_from(["round_robin", "weights", "balance", "streams"]))
+    stopping = draw(st.sampled_from(sorted(stoppings)))
+    weights = tuple(draw(st.lists(st.integers(1, 5), min_size=k, max_size=k))) if weighted == "weights" else None
+    mixing = MixConfig(weights=weights, stopping=stopping, seed=draw(ls.seeds))
+    fn = balance_remaining if weighted == "balance" else None
+    streams = None
+    if weighted == "streams":
+        streams = tuple(draw(st.sampled_from([StreamConfig(), StreamConfig(repeat=1.5), StreamConfig(repeat=0.5)]))
+                        for _ in range(k))
+        mixing = MixConfig(seed=mixing.seed)
+    return sources, MixtureConfig(sources=tuple(configs), mixing=mixing, end=draw(st.sampled_from(["drop_last", "pad", "even"])),
+                                  weight_fn=fn, streams=streams)
+
+
+def _old_fingerprint(corpus, config):
+    """RES-3's fingerprint as it was before splits existed: data and {ordering, packing, end}."""
+    old = {"ordering": dataclasses.asdict(config.ordering), "packing": dataclasses.asdict(config.packing), "end": config.end}
+    return hashlib.sha256(canonical_json({"data": corpus_fingerprint(corpus), "config": old}).encode()).hexdigest()
+
+
+@pytest.mark.clause("SPLIT-8")
+@pytest.mark.clause("MIX-13")
+@given(corpus=ls.corpora(), config=ls.pipeline_configs(), topology=ls.topologies(max_world=3))
+def test_one_source_pipeline_without_split_keeps_its_samples_fingerprint_and_states(corpus, config, topology):
+    assert_equal(ReferenceLoader(corpus, config).fingerprint, _old_fingerprint(corpus, config), clause="SPLIT-8",
+                 what="fingerprint of an unsplit pipeline")
+    check("split" not in config.to_json(), clause="SPLIT-8", what="split=None added a key to the config JSON")
+    one = MixtureConfig(sources=(config,), end=config.end)
+    plain = take(ReferenceLoader(corpus, config, topology), 50)
+    mixed = take(MixtureReferenceLoader([corpus], one, topology), 50)
+    assert_equal(mixed, plain, clause="MIX-13", what="a one-source round-robin mixture against the plain pipeline",
+                 repro={"corpus": corpus, "config": config, "topology": topology})
+
+
+@pytest.mark.clause("MIX-13")
+@given(mixture=mixtures(), epoch=st.integers(0, 3))
+def test_mixture_is_each_source_pipeline_interleaved_by_mix(mixture, epoch):
+    sources, config = mixture
+    assume(config.streams is None)   # streams pick samples by MIX-15, checked in test_mixing
+    per_source = [epoch_samples(c, cfg, epoch) for c, cfg in zip(sources, config.sources)]
+    mixed = mixture_samples(sources, config, epoch)
+    taken = [0] * len(sources)
+    for s, sample in mixed:
+        i = taken[s] % max(1, len(per_source[s]))
+        assert_equal(sample, per_source[s][i], clause="MIX-13", what=f"sample {taken[s]} of source {s}",
+                     repro={"mixture": mixture, "epoch": epoch})
+        taken[s] += 1
+    if config.mixing.stopping == "all_exhausted":
+        assert_equal(taken, [len(p) for p in per_source], clause="MIX-13",
+                     what="all_exhausted: every sample of every source exactly once")
+
+
+@pytest.mark.clause("MIX-13")
+@given(mixture=mixtures(max_sources=2), topology=ls.topologies(max_world=3))
+def test_mixture_resumes_at_every_position_across_epoch_boundaries(mixture, topology):
+    sources, config = mixture
+    make = lambda: MixtureReferenceLoader(sources, config, topology)
+    horizon = 2 * len(make()) + 3
+    mismatch = resume_mismatch(make, range(0, horizon + 1, 2), horizon)
+    check(mismatch is None, clause="MIX-13", what=f"resume at step {mismatch and mismatch[0]} diverged",
+          repro={"mixture": mixture, "topology": topology})
+
+
+@pytest.mark.clause("MIX-13")
+@given(mixture=mixtures(), before=ls.topologies(replication=False), after=ls.topologies(replication=False),
+       k=st.integers(0, 4))
+def test_mixture_state_is_elastic_and_covers_each_mixed_sample_once(mixture, before, after, k):
+    sources, config = mixture
+    config = dataclasses.replace(config, end="drop_last")
+    seen: list[int] = []
+    state = None
+    for topology, steps in ((before, k), (after, -1)):
+        loaders = [MixtureReferenceLoader(sources, config, dataclasses.replace(topology, rank=r))
+                   for r in range(topology.world_size)]
+        for ld in loaders:
+            if state is not None:
+                ld.load_state_dict(json.loads(json.dumps(state)))
+        iterators = [iter(ld) for ld in loaders]
+        done = 0
+        while steps < 0 or done < steps:
+            step = [next(it, None) for it in iterators]
+            if step[0] is None:
+                break
+            seen.extend(r.sample_index for batch in step for r in batch)
+            done += 1
+        state = loaders[0].state_dict()
+        if state["epoch"] != 0:
+            break
+    total = len(MixtureReferenceLoader(sources, config).samples(0))
+    g1, g2 = before.world_size * before.batch_size, after.world_size * after.batch_size
+    if k > steps_in_epoch(total, PartitionConfig(world_size=before.world_size, batch_size=before.batch_size)):
+        covered = total - total % g1
+    else:
+        consumed = k * g1
+        covered = consumed + (total - consumed) - (total - consumed) % g2
+    assert_exactly_once(seen, range(covered), clause="MIX-13", what="mixed samples over both topologies",
+                        repro={"mixture": mixture, "before": before, "after": after, "k": k})
+
+
+@pytest.mark.clause("MIX-13")
+def test_mixture_rows_carry_their_source_and_a_fresh_mixture_every_epoch():
+    p = PipelineConfig(packing=PackingConfig(seq_len=2, mode="none"))
+    corpora = [[[[i, i + 1, i + 2] for i in range(1, 60, 3)]], [[[i, i + 1, i + 2] for i in range(100, 160, 3)]]]
+    config = MixtureConfig(sources=(p, p), mixing=MixConfig(weights=(1.0, 1.0), stopping="all_exhausted", seed=7))
+    loader = MixtureReferenceLoader(corpora, config)
+    epoch0 = [(r.source, r.sample.input_ids) for batch in loader for r in batch]
+    epoch1 = [(r.source, r.sample.input_ids) for batch in loader for r in batch]
+    check(all((s == 0) == (ids[0] < 100) for s, ids in epoch0), clause="MIX-13", what="row source tags")
+    check([s for s, _ in epoch0] != [s for s, _ in epoch1], clause="MIX-13",
+          what="epochs 0 and 1 drew the same source sequence")
+    assert_equal(sorted(epoch0), sorted(epoch1), clause="MIX-13", what="all_exhausted covers the same samples each epoch")
+
+
+@pytest.mark.clause("MIX-14")
+def test_mixture_refuses_mismatched_sources_and_states_of_another_mixture():
+    a = PipelineConfig(packing=PackingConfig(seq_len=4))
+    b = PipelineConfig(packing=PackingConfig(seq_len=8))
+    assert_raises_typed(ConfigError, MixtureConfig, sources=(a, b), clause="MIX-14", what="seq_len mismatch",
+                        mentions=["seq_len=8", "seq_len=4"])
+    assert_raises_typed(ConfigError, MixtureConfig, sources=(a, a), mixing=MixConfig(weights=(1.0, 2.0, 3.0)),
+                        clause="MIX-14", what="three weights for two sources", mentions=["3 entries", "2 sources"])
+    corpora = [[[[1, 2, 3, 4, 5, 6]]], [[[7, 8, 9, 10, 11, 12]]]]
+    ab = MixtureReferenceLoader(corpora, MixtureConfig(sources=(a, a)))
+    ba = MixtureReferenceLoader(corpora[::-1], MixtureConfig(sources=(a, a)))
+    weighted = MixtureReferenceLoader(corpora, MixtureConfig(sources=(a, a), mixing=MixConfig(weights=(1.0, 2.0))))
+    check(len({ab.fingerprint, ba.fingerprint, weighted.fingerprint}) == 3, clause="MIX-14",
+          what="source order and weights must change the fingerprint")
+    assert_equal(ab.fingerprint, mixture_fingerprint([corpus_fingerprint(c) for c in corpora], ab.mixture),
+                 clause="MIX-14", what="fingerprint formula")
+    check(ab.fingerprint != pipeline_fingerprint(corpus_fingerprint(corpora[0]), a), clause="MIX-14",
+          what="a mixture's fingerprint must differ from its first source's")
+    assert_raises_typed(StateError, ba.load_state_dict, ab.state_dict(), clause="MIX-14",
+                        what="a state of another mixture", mentions=["fingerprint"])

@@ -33,14 +33,16 @@ ALLOWED: dict[str, frozenset[str]] = {
                                     "BIN_MODES", "OVERFLOWS", "Piece"}),
     "reference.partition": frozenset({"PartitionConfig", "PADDING", "END_POLICIES", "End"}),
     "reference.collation": frozenset({"SIDES", "POOLINGS", "IGNORE_INDEX"}),
-    "reference.mixing": frozenset({"MixConfig", "MixState", "STOPPING_STRATEGIES"}),
+    "reference.mixing": frozenset({"MixConfig", "MixState", "STOPPING_STRATEGIES", "BATCHING_METHODS", "StreamConfig",
+                                   "WeightFn"}),
     "reference.bucketing": frozenset({"BucketConfig"}),
     "reference.sharding": frozenset({"ShardConfig", "MODES", "UNEVEN_POLICIES", "FILE_MODES"}),
-    "reference.splits": frozenset({"SplitSpec", "ACCEPTED_FORMS"}),
+    # parse_bounds reads split notation into its written bounds (configuration syntax); resolving them is impl's own.
+    "reference.splits": frozenset({"SplitSpec", "ACCEPTED_FORMS", "Bound", "parse_bounds"}),
     "reference.resume": frozenset({"PipelineConfig", "Topology", "STATE_FORMAT", "STATE_VERSION",
                                    "SUPPORTED_STATE_VERSIONS", "STATE_KEYS", "MAX_STATE_INT", "PAD_SAMPLE_INDEX",
                                    "canonical_json", "corpus_fingerprint", "pipeline_fingerprint", "make_state",
-                                   "validate_state"}),
+                                   "validate_state", "MixtureConfig", "mixture_fingerprint"}),
 }
 """Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
 

@@ -15,9 +15,20 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from conformance import strategies as _ls
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import SplitError
-from reference.splits import SplitSpec, parse_split, resolve_bound, resolve_slice, split_points
+from reference.packing import PackingConfig
+from reference.resume import PipelineConfig, ReferenceLoader, epoch_samples
+from reference.splits import (
+    SplitSpec,
+    parse_bounds,
+    parse_split,
+    resolve_bound,
+    resolve_slice,
+    split_corpus,
+    split_points,
+)
 
 sizes = st.integers(1, 60)
 int_bounds = st.one_of(st.none(), st.integers(-80, 80))
@@ -170,19 +181,19 @@ def test_an_empty_or_invalid_dataset_size_is_refused(n):
 
 @pytest.mark.clause("SPLIT-6")
 @pytest.mark.parametrize("spec, expected", [
-    ("train", SplitSpec("train", range(0, 100))),
+    ("train", SplitSpec("train", range(100))),
     ("train[10:]", SplitSpec("train", range(10, 100))),
-    ("train[:10%]", SplitSpec("train", range(0, 10))),
+    ("train[:10%]", SplitSpec("train", range(10))),
     ("train[10:20]", SplitSpec("train", range(10, 20))),
     ("train[-10:]", SplitSpec("train", range(90, 100))),
     ("train[10%:20%]", SplitSpec("train", range(10, 20))),
     ("train[-10%:]", SplitSpec("train", range(90, 100))),
     ("train[-80%:]", SplitSpec("train", range(20, 100))),
-    ("train[:-5%]", SplitSpec("train", range(0, 95))),
+    ("train[:-5%]", SplitSpec("train", range(95))),
     ("test[10:50%]", SplitSpec("test", range(10, 50))),
     ("validation[12.5%:-3]", SplitSpec("validation", range(12, 97))),
-    ("train.clean.100[:]", SplitSpec("train.clean.100", range(0, 100))),
-    ("_private2[0:1]", SplitSpec("_private2", range(0, 1))),
+    ("train.clean.100[:]", SplitSpec("train.clean.100", range(100))),
+    ("_private2[0:1]", SplitSpec("_private2", range(1))),
 ])
 def test_split_notation_examples_resolve_to_the_documented_rows(spec, expected):
     assert_equal(parse_split(spec, 100), expected, clause="SPLIT-6", what=f"parse_split({spec!r}, 100)")
@@ -270,13 +281,13 @@ def test_split_points_cover_every_row_exactly_once(n, fractions):
 
 @pytest.mark.clause("SPLIT-7")
 @pytest.mark.parametrize("n, fractions, expected", [
-    (10, [0.7, 0.15, 0.15], [range(0, 7), range(7, 8), range(8, 10)]),
-    (3, [1 / 3, 1 / 3, 1 / 3], [range(0, 1), range(1, 2), range(2, 3)]),
-    (3, [0.7, 0.15, 0.15], [range(0, 2), range(2, 3), range(3, 3)]),
-    (5, [0.5, 0.5], [range(0, 2), range(2, 5)]),
-    (7, [1.0], [range(0, 7)]),
-    (4, [0, 1, 0], [range(0, 0), range(0, 4), range(4, 4)]),
-    (10, [0.5, 0.5 - 1e-10], [range(0, 5), range(5, 10)]),
+    (10, [0.7, 0.15, 0.15], [range(7), range(7, 8), range(8, 10)]),
+    (3, [1 / 3, 1 / 3, 1 / 3], [range(1), range(1, 2), range(2, 3)]),
+    (3, [0.7, 0.15, 0.15], [range(2), range(2, 3), range(3, 3)]),
+    (5, [0.5, 0.5], [range(2), range(2, 5)]),
+    (7, [1.0], [range(7)]),
+    (4, [0, 1, 0], [range(0), range(4), range(4, 4)]),
+    (10, [0.5, 0.5 - 1e-10], [range(5), range(5, 10)]),
 ])
 def test_split_points_of_small_datasets_match_the_hand_computed_boundaries(n, fractions, expected):
     assert_equal(split_points(n, fractions), expected, clause="SPLIT-7", what=f"split_points({n}, {fractions})")
@@ -292,3 +303,63 @@ def test_split_points_of_small_datasets_match_the_hand_computed_boundaries(n, fr
 def test_split_points_refuse_fractions_not_summing_to_one_and_empty_datasets(n, fractions, mention):
     assert_raises_typed(SplitError, split_points, n, fractions, clause="SPLIT-7", what=f"split_points({n}, {fractions})",
                         mentions=[mention])
+
+
+# ---------------------------------------------------------------- SPLIT-8: a pipeline's split
+
+
+@pytest.mark.clause("SPLIT-8")
+@given(corpus=_ls.corpora(), data=st.data())
+def test_split_corpus_keeps_exactly_the_rows_in_file_major_order(corpus, data):
+    flat = [(f, d) for f, file in enumerate(corpus) for d in file]
+    a = data.draw(st.integers(0, len(flat)))
+    b = data.draw(st.integers(a, len(flat)))
+    out = split_corpus(corpus, range(a, b))
+    assert_equal([d for file in out for d in file], [d for _, d in flat[a:b]], clause="SPLIT-8", what="documents")
+    assert_equal([len(f) for f in out], [n for n in (sum(1 for f, _ in flat[a:b] if f == i) for i in range(len(corpus))) if n],
+                 clause="SPLIT-8", what="file boundaries clipped, empty files dropped")
+
+
+@pytest.mark.clause("SPLIT-8")
+@given(corpus=_ls.corpora(min_documents=2), config=_ls.pipeline_configs(), cut=st.sampled_from(["50%", "25%", "75%"]),
+       epoch=st.integers(0, 3))
+def test_train_and_validation_splits_are_disjoint_whatever_the_seed_and_epoch(corpus, config, cut, epoch):
+    n = sum(len(f) for f in corpus)
+    first = PipelineConfig(packing=PackingConfig(seq_len=config.packing.seq_len, mode="none"),
+                           ordering=config.ordering, split=f"train[:{cut}]")
+    second = PipelineConfig(packing=first.packing, ordering=config.ordering, split=f"train[{cut}:]")
+    flat = [d for file in corpus for d in file]
+    try:
+        rows = (first.rows(n), second.rows(n))
+    except SplitError:
+        return   # one side is empty for this n (SPLIT-5)
+    check(rows[0].stop == rows[1].start and rows[0].start == 0 and rows[1].stop == n, clause="SPLIT-8",
+          what=f"rows {rows} do not tile [0, {n})")
+    for cfg, r in zip((first, second), rows):
+        kept = [d for d in flat[r.start:r.stop] if d]
+        trained = [s.input_ids[:len(s.input_ids) - list(s.doc_ids).count(-1)] for s in epoch_samples(corpus, cfg, epoch)]
+        check(all(any(list(t) == d[:len(t)] or list(t) == d[-len(t):] or _inside(list(t), d) for d in kept) for t in trained),
+              clause="SPLIT-8", what="a sample of the split holds tokens of a document outside it",
+              repro={"corpus": corpus, "config": cfg, "epoch": epoch})
+
+
+def _inside(part: list[int], doc: list[int]) -> bool:
+    return any(doc[i:i + len(part)] == part for i in range(len(doc) - len(part) + 1))
+
+
+@pytest.mark.clause("SPLIT-8")
+def test_split_notation_and_pairs_give_the_same_pipeline_and_enter_the_fingerprint():
+    p = PackingConfig(seq_len=2, mode="none", overflow="truncate")
+    corpus = [[[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [10, 11, 12]]]
+    assert_equal(PipelineConfig(packing=p, split="train[1:3]"), PipelineConfig(packing=p, split=(1, 3)),
+                 clause="SPLIT-8", what="notation and pair")
+    assert_equal(parse_bounds("validation[-10%:]"), ("validation", "-10%", None), clause="SPLIT-8", what="bounds as written")
+    whole = ReferenceLoader(corpus, PipelineConfig(packing=p))
+    part = ReferenceLoader(corpus, PipelineConfig(packing=p, split="train[1:3]"))
+    check(whole.fingerprint != part.fingerprint, clause="SPLIT-8", what="the split must change the fingerprint")
+    assert_equal([s.input_ids for s in part.samples(0)], [(4, 5), (7, 8)], clause="SPLIT-8", what="rows 1 and 2")
+    assert_equal([s.doc_ids[0] for s in part.samples(0)], [0, 1], clause="SPLIT-8", what="ids count from the split's first row")
+    for bad in ("train[100]", "train[a:b]"):
+        assert_raises_typed(SplitError, PipelineConfig, packing=p, split=bad, clause="SPLIT-8", what=bad, mentions=[bad])
+    assert_raises_typed(SplitError, PipelineConfig(packing=p, split=(10, 20)).rows, 4, clause="SPLIT-8",
+                        what="rows beyond the store", mentions=["empty"])

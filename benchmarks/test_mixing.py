@@ -1,0 +1,116 @@
+"""(6) Mixtures: plan build, resume latency by position, and throughput against one PackedDataset.
+
+The K sources of a K-source mixture are K contiguous splits of the size's
+store (``"train[0%:50%]"``, ``"train[50%:100%]"`` for K = 2), each its own
+``PackedDataset`` (concat, ``seq_len=2048``, global shuffle with its own
+seed), mixed with weights ``1, 2, ..., K`` under ``all_exhausted`` by
+``impl.mixing.MixedDataset``. So the mixture holds exactly the samples of the
+splits, and the comparison with one ``PackedDataset`` over the whole store
+isolates the cost of mixing.
+
+- plan: a fresh ``MixedDataset`` (sources' sizes known) -> ``plan(0)``;
+- resume: a fresh mixture and loader -> ``load_state_dict`` at a position ->
+  first batch of ``RESUME_BATCH``; the plan is built inside the timer, so the
+  figure is what a restarted job pays, and it must not grow with the position;
+- throughput: ``TPUT_TOKENS`` tokens of batches of ``TPUT_BATCH`` from
+  position 0 (no workers), mixture and single dataset alike; tokens/s in
+  ``extra_info`` (the 10 % target is read from the report, never asserted).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import harness
+from benchmarks.corpora import Corpus
+from benchmarks.workloads import POSITIONS, RESUME_BATCH, SEQ_LEN, TPUT_BATCH, TPUT_TOKENS
+
+SOURCES = (2, 4)
+
+
+def _mixture(corpus: Corpus, k: int):
+    from impl.dataset import PackedDataset
+    from impl.mixing import MixedDataset
+    from impl.store import TokenStore
+
+    store = TokenStore.open(corpus.store())
+    cuts = [f"{round(100 * i / k)}%" for i in range(k + 1)]
+    sources = [PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle="global", seed=i,
+                             split=(cuts[i], cuts[i + 1]))
+               for i in range(k)]
+    return MixedDataset(sources, weights=tuple(float(i + 1) for i in range(k)), stopping="all_exhausted", seed=7)
+
+
+@pytest.mark.parametrize("k", SOURCES, ids=lambda k: f"{k}-sources")
+def test_mixing_plan_build(benchmark, k: int, corpus: Corpus, smoke: bool):
+    benchmark.group = "mixing-plan"
+    held: dict = {}
+
+    def setup():
+        mixed = _mixture(corpus, k)
+        mixed.source_sizes(0)
+        return (mixed,), {}
+
+    def target(mixed):
+        held["plan"] = mixed.plan(0)
+
+    benchmark.pedantic(target, setup=setup, rounds=1 if smoke else 5, warmup_rounds=0 if smoke else 1)
+    plan = held["plan"]
+    benchmark.extra_info.update(kind="mixing-plan", sources=k, size=corpus.size, samples=len(plan.source))
+    sizes = _mixture(corpus, k).source_sizes(0)
+    assert [int((plan.source == s).sum()) for s in range(k)] == sizes, "all_exhausted must take every sample once"
+
+
+@pytest.mark.parametrize("position", POSITIONS, ids=lambda p: f"at-{p:.0%}")
+@pytest.mark.parametrize("k", SOURCES, ids=lambda k: f"{k}-sources")
+def test_mixing_resume(benchmark, k: int, position: float, corpus: Corpus, smoke: bool):
+    benchmark.group = "mixing-resume"
+    held: dict = {}
+    probe = _mixture(corpus, k)
+    total = probe.num_samples(0)
+    n = int(position * total) // RESUME_BATCH * RESUME_BATCH
+    state = harness.impl_state(harness.impl_loader(probe, batch_size=RESUME_BATCH), n)
+    expected = (int(probe.plan(0).source[n]), int(probe.plan(0).item[n]))
+    del probe
+
+    def setup():
+        held.clear()
+        return (harness.impl_loader(_mixture(corpus, k), batch_size=RESUME_BATCH),), {}
+
+    def target(loader):
+        loader.load_state_dict(state)
+        held["batch"] = next(iter(loader))
+
+    benchmark.extra_info.update(kind="mixing-resume", sources=k, position=position, size=corpus.size, index=n,
+                                total=total, batch=RESUME_BATCH, plan="built inside the timer")
+    benchmark.pedantic(target, setup=setup, rounds=1 if smoke else 5, warmup_rounds=0 if smoke else 1)
+    batch = held["batch"]
+    got = (int(batch["source"][0]), int(batch["source_index"][0]))
+    assert int(batch["sample_index"][0]) == n and got == expected, f"resumed at {got}, expected {expected}"
+
+
+@pytest.mark.parametrize("k", (1, *SOURCES), ids=lambda k: "single-dataset" if k == 1 else f"{k}-sources")
+def test_mixing_throughput(benchmark, k: int, corpus: Corpus, size: str, smoke: bool):
+    benchmark.group = "mixing-throughput"
+    dataset = harness.impl_dataset(corpus) if k == 1 else _mixture(corpus, k)
+    tokens = TPUT_TOKENS[size] // (8 if smoke else 1)
+    steps = max(1, tokens // (TPUT_BATCH * SEQ_LEN))
+    held: dict = {}
+
+    def setup():
+        loader = harness.impl_loader(dataset, batch_size=TPUT_BATCH)
+        it = iter(loader)
+        next(it)   # untimed first batch (the plan, the first pages)
+        return (it,), {}
+
+    def target(it):
+        count = 0
+        for _ in range(steps):
+            count += harness.batch_tokens(next(it))
+        held["tokens"] = count
+
+    benchmark.pedantic(target, setup=setup, rounds=1 if smoke else 3, warmup_rounds=0)
+    seconds = benchmark.stats.stats.min if benchmark.stats else float("nan")
+    benchmark.extra_info.update(kind="mixing-throughput", sources=k, size=corpus.size, tokens=held["tokens"],
+                                tokens_per_s=held["tokens"] / seconds if seconds else None, batch=TPUT_BATCH)
+    assert held["tokens"] == steps * TPUT_BATCH * SEQ_LEN

@@ -1,0 +1,330 @@
+"""impl.mixing against reference.mixing / reference.resume: the same mixed streams, samples and fingerprints (MIX-*)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from conformance import strategies as ls
+from conformance.adapters.impl import build_store
+from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
+from impl.dataset import PackedDataset, SampleKey
+from impl.errors import ConfigError, EmptyDataError, StateError
+from impl.loader import build_dataloader
+from impl.mixing import MixedDataset, balance_remaining, interleave_datasets, mix_plan, stream_plan
+from reference import mixing as ref_mixing
+from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig
+from reference.packing import PackingConfig
+from reference.resume import MixtureConfig, MixtureReferenceLoader, PipelineConfig, mixture_samples
+
+FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mixing")
+
+
+@st.composite
+def mix_options(draw, *, max_sources: int = 4, max_size: int = 40):
+    k = draw(st.integers(1, max_sources))
+    sizes = draw(st.lists(st.integers(0, max_size), min_size=k, max_size=k))
+    kind = draw(st.sampled_from(["round_robin", "weights", "weight_fn"]))
+    weights = None
+    if kind == "weights":
+        weights = tuple(draw(st.lists(st.sampled_from([0.0, 0.25, 1.0, 2.5, 7.0]), min_size=k, max_size=k)))
+        assume(any(weights))
+    config = MixConfig(weights=weights, stopping=draw(st.sampled_from(STOPPING_STRATEGIES)), seed=draw(ls.seeds))
+    return sizes, config, kind == "weight_fn", draw(st.integers(0, 5))
+
+
+def _reference_or_error(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs), None
+    except ConfigError as exc:
+        return None, type(exc)
+
+
+@pytest.mark.clause("MIX-1")
+@pytest.mark.clause("MIX-2")
+@pytest.mark.clause("MIX-3")
+@pytest.mark.clause("MIX-6")
+@pytest.mark.clause("MIX-7")
+@pytest.mark.clause("MIX-8")
+@pytest.mark.clause("MIX-9")
+@pytest.mark.clause("MIX-11")
+@given(options=mix_options())
+def test_mix_plan_equals_the_reference_stream_for_every_option(options):
+    sizes, config, dynamic, epoch = options
+    expected, expected_error = _reference_or_error(ref_mixing.mix, sizes, config, epoch,
+                                                   weight_fn=ref_mixing.balance_remaining if dynamic else None)
+    plan, error = _reference_or_error(mix_plan, sizes, config, epoch, weight_fn=balance_remaining if dynamic else None)
+    assert_equal(error, expected_error, clause="MIX-5", what="error type", repro={"options": options})
+    if plan is not None:
+        assert_equal(list(zip(plan.source.tolist(), plan.item.tolist())), expected, clause="MIX-1",
+                     what="mixed stream", repro={"options": options})
+
+
+@pytest.mark.clause("MIX-3")
+@given(sizes=st.lists(st.integers(200, 3000), min_size=2, max_size=4), seed=ls.seeds,
+       stopping=st.sampled_from(STOPPING_STRATEGIES))
+def test_mix_plan_equals_the_reference_on_streams_longer_than_one_phase(sizes, seed, stopping):
+    weights = tuple(float(i + 1) for i in range(len(sizes)))
+    config = MixConfig(weights=weights, stopping=stopping, seed=seed)
+    plan = mix_plan(sizes, config, 3)
+    assert_equal(list(zip(plan.source.tolist(), plan.item.tolist())), ref_mixing.mix(sizes, config, 3), clause="MIX-3",
+                 what="weighted stream", repro={"sizes": sizes, "seed": seed, "stopping": stopping})
+
+
+def _dataset(corpus, config, workdir):
+    try:
+        return PackedDataset.from_config(build_store(corpus, workdir), config, cache_dir=False)
+    except EmptyDataError:
+        return None
+
+
+@st.composite
+def mixtures(draw, *, max_sources: int = 3):
+    """(corpora, MixtureConfig) that PackedDataset can express: no buffer order, every source non-empty."""
+    k = draw(st.integers(1, max_sources))
+    packing = draw(ls.packing_configs())
+    corpora, configs = [], []
+    for _ in range(k):
+        corpora.append(draw(ls.corpora(max_docs=6, max_len=30)))
+        configs.append(PipelineConfig(packing=packing, ordering=draw(ls.ordering_configs(("sequential", "global", "window")))))
+    kind = draw(st.sampled_from(["round_robin", "weights", "balance"]))
+    weights = tuple(draw(st.lists(st.integers(1, 5), min_size=k, max_size=k))) if kind == "weights" else None
+    mixing = MixConfig(weights=weights, stopping=draw(st.sampled_from(STOPPING_STRATEGIES)), seed=draw(ls.seeds))
+    return corpora, MixtureConfig(sources=tuple(configs), mixing=mixing,
+                                  weight_fn=ref_mixing.balance_remaining if kind == "balance" else None)
+
+
+def _impl_mixture(corpora, config, workdir):
+    sources = [_dataset(c, cfg, workdir) for c, cfg in zip(corpora, config.sources)]
+    assume(all(s is not None for s in sources))
+    weight_fn = balance_remaining if config.weight_fn is not None else None
+    return MixedDataset(sources, weights=config.mixing.weights, stopping=config.mixing.stopping,
+                        seed=config.mixing.seed, weight_fn=weight_fn, end=config.end), sources
+
+
+@pytest.mark.clause("MIX-13")
+@pytest.mark.clause("MIX-14")
+@given(mixture=mixtures(), epoch=st.integers(0, 3))
+def test_mixed_dataset_samples_and_fingerprint_equal_the_reference_mixture(mixture, epoch, workdir):
+    corpora, config = mixture
+    mixed, sources = _impl_mixture(corpora, config, workdir)
+    expected = mixture_samples(corpora, config, epoch)
+    assert_equal(mixed.num_samples(epoch), len(expected), clause="MIX-13", what="mixed samples in the epoch",
+                 repro={"mixture": mixture, "epoch": epoch})
+    reference = MixtureReferenceLoader(corpora, config, data_fingerprints=[s.store.fingerprint for s in sources])
+    assert_equal(mixed.fingerprint, reference.fingerprint, clause="MIX-14", what="fingerprint")
+    if not expected:
+        return
+    batch = mixed.samples(epoch, range(len(expected)))
+    for i, (s, sample) in enumerate(expected):
+        got = {name: tuple(batch[name][i].tolist()) for name in FIELDS}
+        want = {name: tuple(getattr(sample, name)) for name in FIELDS}
+        assert_equal((int(batch["source"][i]), got), (s, want), clause="MIX-13", what=f"mixed sample {i}",
+                     repro={"mixture": mixture, "epoch": epoch})
+
+
+@pytest.fixture(scope="module")
+def two_corpora(workdir):
+    web = [[[1000 + 10 * d + t for t in range(7)] for d in range(f * 9, f * 9 + 9)] for f in range(3)]
+    code = [[[5000 + 10 * d + t for t in range(5)] for d in range(11)]]
+    config = PipelineConfig(packing=PackingConfig(seq_len=4, mode="chunk"))
+    return [PackedDataset.from_config(build_store(c, workdir), config, cache_dir=False) for c in (web, code)]
+
+
+def _run(dataset, world, batch_size, state=None, steps=-1):
+    """Every rank's batches for `steps` steps (or to the epoch's end) and the state after them."""
+    loaders = [build_dataloader(dataset, batch_size=batch_size, rank=r, world_size=world) for r in range(world)]
+    for ld in loaders:
+        if state is not None:
+            ld.load_state_dict(json.loads(json.dumps(state)))
+    iterators = [iter(ld) for ld in loaders]
+    rows, done = [], 0
+    while steps < 0 or done < steps:
+        step = [next(it, None) for it in iterators]
+        if step[0] is None:
+            break
+        for batch in step:
+            rows.extend(zip(batch["sample_index"].tolist(), batch["source"].tolist(), batch["source_index"].tolist()))
+        done += 1
+    return rows, loaders[0].state_dict()
+
+
+@pytest.mark.clause("MIX-13")
+@pytest.mark.parametrize("stopping", STOPPING_STRATEGIES)
+def test_mixture_resumed_on_another_world_size_trains_every_sample_of_every_source_once(two_corpora, stopping):
+    mixed = MixedDataset(two_corpora, weights=(0.7, 0.3), stopping=stopping, seed=11)
+    total = mixed.num_samples(0)
+    before, state = _run(mixed, world=2, batch_size=2, steps=3)
+    after, _ = _run(mixed, world=3, batch_size=1, state=state)
+    covered = 12 + (total - 12) - (total - 12) % 3
+    assert_exactly_once([i for i, _, _ in before + after], range(covered), clause="MIX-13",
+                        what=f"mixed samples, 2 ranks then 3 ({stopping})")
+    plan = mixed.plan(0)
+    assert_equal([(s, j) for i, s, j in before + after], [(int(plan.source[i]), int(plan.item[i])) for i, _, _ in before + after],
+                 clause="MIX-13", what="source tags of the trained rows")
+    if stopping == "all_exhausted":
+        sizes = mixed.source_sizes(0)
+        for s in range(2):
+            assert_exactly_once(plan.item[plan.source == s].tolist(), range(sizes[s]), clause="MIX-7",
+                                what=f"source {s} under all_exhausted")
+
+
+@pytest.mark.clause("MIX-3")
+def test_realised_token_shares_match_the_weights_until_a_source_runs_out(workdir):
+    big = [[[7 + (d * 13 + t) % 900 for t in range(9)] for d in range(400)]]
+    config = PipelineConfig(packing=PackingConfig(seq_len=8, mode="chunk"))
+    a = PackedDataset.from_config(build_store(big, workdir), config, cache_dir=False)
+    b = PackedDataset.from_config(build_store([f[:] for f in big] + [[[3, 4, 5, 6, 7, 8, 9, 10, 11]]], workdir), config,
+                                  cache_dir=False)
+    mixed = MixedDataset([a, b], weights=(0.8, 0.2), seed=5)
+    plan = mixed.plan(0)
+    share = float((plan.source == 0).mean())
+    n = len(plan.source)
+    check(abs(share - 0.8) <= 4 * math.sqrt(0.16 / n), clause="MIX-3",
+          what=f"source 0 holds {share:.3f} of {n} samples (each seq_len tokens), weight 0.8")
+
+
+@pytest.mark.clause("RES-5")
+def test_mixture_workers_and_a_late_resume_need_no_replay(two_corpora, monkeypatch):
+    mixed = MixedDataset(two_corpora, weights=(1.0, 1.0), stopping="all_exhausted", seed=3)
+    plain = [b["sample_index"].tolist() for b in build_dataloader(mixed, batch_size=3)]
+    workers = [b["sample_index"].tolist() for b in build_dataloader(mixed, batch_size=3, num_workers=2)]
+    assert_equal(workers, plain, clause="RES-5", what="batches with 2 workers")
+    fetched: list[int] = []
+    original = PackedDataset.samples
+
+    def spy(self, epoch, indices):
+        fetched.extend(np.asarray(list(indices)).tolist())
+        return original(self, epoch, indices)
+
+    monkeypatch.setattr(PackedDataset, "samples", spy)
+    fresh = MixedDataset(two_corpora, weights=(1.0, 1.0), stopping="all_exhausted", seed=3)
+    loader = build_dataloader(fresh, batch_size=3)
+    total = fresh.num_samples(0)
+    loader.load_state_dict({**loader.state_dict(), "consumed": total - total % 3 - 3})
+    last = list(loader)
+    assert_equal([b["sample_index"].tolist() for b in last], plain[-1:], clause="RES-1", what="the last batch")
+    assert_equal(len(fetched), 3, clause="RES-1", what="source samples computed to resume at the last batch")
+
+
+@pytest.mark.clause("MIX-5")
+@pytest.mark.clause("MIX-14")
+def test_bad_mixtures_are_refused_with_the_fix(two_corpora, workdir):
+    web, code = two_corpora
+    for weights, mention in (((1.0, -0.5), "weights[1]=-0.5"), ((float("nan"), 1.0), "nan"), ((0.0, 0.0), "all zero")):
+        assert_raises_typed(ConfigError, MixedDataset, [web, code], weights=weights, clause="MIX-5",
+                            what=f"weights={weights}", mentions=[mention])
+    assert_raises_typed(ConfigError, MixedDataset, [web, code], weights=(1.0,), clause="MIX-14",
+                        what="one weight for two sources", mentions=["one weight per source"])
+    wrong_length = MixedDataset([web, code], weight_fn=lambda t, sizes, taken, gone: [1.0])
+    assert_raises_typed(ConfigError, wrong_length.num_samples, 0, clause="MIX-5", what="weight_fn of the wrong length",
+                        mentions=["returned 1 weights", "one weight per source"])
+    negative = MixedDataset([web, code], weight_fn=lambda t, sizes, taken, gone: [1.0, -1.0])
+    assert_raises_typed(ConfigError, negative.num_samples, 0, clause="MIX-5", what="negative weight_fn weights",
+                        mentions=["weights[1]=-1.0"])
+    other = PackedDataset.from_config(build_store([[[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]], workdir),
+                                      PipelineConfig(packing=PackingConfig(seq_len=8, mode="chunk")), cache_dir=False)
+    assert_raises_typed(ConfigError, MixedDataset, [web, other], clause="MIX-14", what="seq_len 4 with seq_len 8",
+                        mentions=["seq_len=8", "seq_len=4"])
+    assert_raises_typed(ConfigError, MixedDataset, [web, code], stopping="longest", clause="MIX-12",
+                        what="unknown stopping", mentions=["'longest'"])
+    ab = build_dataloader(MixedDataset([web, code]), batch_size=2)
+    ba = build_dataloader(MixedDataset([code, web]), batch_size=2)
+    assert_raises_typed(StateError, ba.load_state_dict, ab.state_dict(), clause="MIX-14", what="a state of another mixture",
+                        mentions=["fingerprint"])
+
+
+@pytest.mark.clause("MIX-7")
+@pytest.mark.clause("MIX-8")
+def test_interleave_datasets_refuses_the_ambiguous_all_exhausted_and_maps_the_seed_systems_names(two_corpora):
+    web, code = two_corpora
+    assert_raises_typed(ConfigError, interleave_datasets, [web, code], stopping_strategy="all_exhausted",
+                        clause="MIX-7", what="all_exhausted without oversample=", mentions=["oversample=True", "Forgather"])
+    hf = interleave_datasets([web, code], [0.5, 0.5], seed=1, stopping_strategy="all_exhausted", oversample=True)
+    forgather = interleave_datasets([web, code], [0.5, 0.5], seed=1, stopping_strategy="all_exhausted", oversample=False)
+    assert_equal((hf.mix_config.stopping, forgather.mix_config.stopping), ("all_exhausted_oversample", "all_exhausted"),
+                 clause="MIX-8", what="stopping strategies")
+    balanced = interleave_datasets([web, code], seed=2, stopping_strategy="all_exhausted", oversample=False,
+                                   balance_remaining_examples=True)
+    assert_equal(balanced.weight_fn, balance_remaining, clause="MIX-11", what="balance_remaining_examples")
+    assert_equal(mix_plan(balanced.source_sizes(0), balanced.mix_config, 0, weight_fn=balance_remaining).source.tolist(),
+                 balanced.plan(0).source.tolist(), clause="MIX-11", what="plan")
+    check(SampleKey(0, 0) in [SampleKey(0, 0)], clause="MIX-13", what="keys are impl.dataset's SampleKey")
+
+
+# ---------------------------------------------------------------- MosaicML-style streams (MIX-15, MIX-16)
+
+
+@st.composite
+def stream_options(draw):
+    k = draw(st.integers(1, 4))
+    sizes = draw(st.lists(st.integers(0, 30), min_size=k, max_size=k))
+    if draw(st.booleans()):
+        streams = [StreamConfig(proportion=draw(st.sampled_from([0.1, 0.25, 1.0, 3.0]))) for _ in range(k)]
+    else:
+        streams = [draw(st.sampled_from([StreamConfig(), StreamConfig(repeat=0.5), StreamConfig(repeat=2.5),
+                                         StreamConfig(choose=draw(st.integers(0, 40)))])) for _ in range(k)]
+    return sizes, streams, draw(st.one_of(st.none(), st.integers(1, 80))), draw(ls.seeds), draw(st.integers(0, 5))
+
+
+@pytest.mark.clause("MIX-15")
+@given(options=stream_options())
+def test_stream_plan_equals_the_reference_streams(options):
+    sizes, streams, epoch_size, seed, epoch = options
+    expected, expected_error = _reference_or_error(ref_mixing.mix_streams, sizes, streams, seed, epoch,
+                                                   epoch_size=epoch_size)
+    plan, error = _reference_or_error(stream_plan, sizes, streams, seed, epoch, epoch_size=epoch_size)
+    assert_equal(error, expected_error, clause="MIX-15", what="error type", repro={"options": options})
+    if plan is not None:
+        assert_equal(list(zip(plan.source.tolist(), plan.item.tolist())), expected, clause="MIX-15",
+                     what="stream epoch", repro={"options": options})
+
+
+@pytest.mark.clause("MIX-15")
+@given(seed=ls.seeds, epoch=st.integers(0, 3), epoch_size=st.one_of(st.none(), st.integers(1, 60)))
+def test_mixed_dataset_with_streams_equals_the_reference_mixture(two_corpora, seed, epoch, epoch_size):
+    web, code = two_corpora
+    streams = (StreamConfig(proportion=0.6), StreamConfig(proportion=0.4)) if epoch_size else \
+        (StreamConfig(repeat=0.5), StreamConfig(choose=30))
+    mixed = MixedDataset([web, code], seed=seed, streams=streams, epoch_size=epoch_size)
+    config = MixtureConfig(sources=(web.config, code.config), mixing=MixConfig(seed=seed), streams=streams,
+                           epoch_size=epoch_size)
+    assert_equal(mixed.fingerprint, MixtureReferenceLoader([[], []], config, data_fingerprints=[web.store.fingerprint,
+                 code.store.fingerprint]).fingerprint, clause="MIX-14", what="fingerprint with streams")
+    sizes = mixed.source_sizes(epoch)
+    expected = ref_mixing.mix_streams(sizes, streams, seed, epoch, epoch_size=epoch_size)
+    batch = mixed.samples(epoch, range(mixed.num_samples(epoch)))
+    assert_equal(list(zip(batch["source"].tolist(), batch["source_index"].tolist())), expected, clause="MIX-15",
+                 what="mixed stream of streams", repro={"seed": seed, "epoch": epoch, "epoch_size": epoch_size})
+    for i, (s, j) in enumerate(expected[:5]):
+        row = (web, code)[s].samples(epoch, [j])["input_ids"][0]
+        check(np.array_equal(batch["input_ids"][i], row), clause="MIX-15", what=f"tokens of mixed sample {i}")
+
+
+@pytest.mark.clause("MIX-16")
+def test_bad_streams_are_refused_with_the_fix(two_corpora):
+    web, code = two_corpora
+    assert_raises_typed(ConfigError, StreamConfig, proportion=0.5, repeat=2.0, clause="MIX-15",
+                        what="proportion and repeat", mentions=["at most one"])
+    for bad in (0, -1):
+        mixed = MixedDataset([web, code], streams=[StreamConfig(), StreamConfig()], epoch_size=bad)
+        assert_raises_typed(ConfigError, mixed.num_samples, 0, clause="MIX-15", what=f"epoch_size={bad}",
+                            mentions=[f"epoch_size={bad}"])
+    assert_raises_typed(ConfigError, MixedDataset, [web, code], weights=(1.0, 1.0),
+                        streams=[StreamConfig(), StreamConfig()], clause="MIX-15", what="weights with streams",
+                        mentions=["weights=None"])
+    for method in ("stratified", "per_stream", "device_per_stream"):
+        mixed = MixedDataset([web, code], streams=[StreamConfig(), StreamConfig()], batching_method=method)
+        with pytest.raises(NotImplementedError, match="global batch size"):
+            mixed.num_samples(0)

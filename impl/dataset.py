@@ -64,33 +64,36 @@ from torch.utils.data import Dataset
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, EmptyDataError, is_integer, require
+from impl.fill import TokenSource, materialize, materialize_batch, padding_rows
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
-from impl.packing import (
-    BIN_FIELDS,
-    STREAM_FIELDS,
-    PackPlan,
-    TokenSource,
-    kept_lengths,
-    materialize,
-    materialize_batch,
-    pack_plan,
-)
-from impl.packing import (
-    num_samples as plan_num_samples,
-)
+from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, pack_plan
 from impl.store import TokenStore
 from reference.ordering import OrderingConfig
 from reference.packing import MODES, STREAM_MODES, PackingConfig
 from reference.partition import PADDING
-from reference.resume import PipelineConfig, canonical_json, padding_sample, pipeline_fingerprint
+from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint
 
-__all__ = ["PackedDataset", "SampleKey", "SHUFFLES", "PLAN_FORMAT", "PLAN_VERSION", "batch_cu_seqlens"]
+__all__ = ["PLAN_FORMAT", "PLAN_VERSION", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens"]
 
 SHUFFLES = {"none": "sequential", "sequential": "sequential", "global": "global", "window": "window"}
 """``shuffle=`` names and the ``reference.ordering`` kind each selects (``buffer`` is refused)."""
 
 PLAN_FORMAT = "loadspec.plan"
-PLAN_VERSION = 2
+PLAN_VERSION = 3
+PLAN_BLOCK = 1 << 13
+"""int64 values per checksummed block of a cached plan (64 KiB): the unit a fresh loader verifies on first use."""
+MAX_SEQ_LEN = 1 << 24
+"""The largest ``seq_len`` accepted (16M positions): a batch row is five int64 arrays of it."""
+_BOUNDS = {
+    "seq_len": (1, MAX_SEQ_LEN, "input positions per sample, e.g. seq_len=2048"),
+    "seed": (0, (1 << 64) - 1, "a non-negative integer below 2**64, e.g. seed=0"),
+    "window": (1, 1 << 40, "documents per shuffle window, e.g. window=1024"),
+    "pack_window": (1, 1 << 40, "documents per bin-packing window, e.g. pack_window=1000"),
+    "stride": (0, MAX_SEQ_LEN - 1, "tokens a continuation chunk re-reads, below seq_len (0 for none)"),
+    "min_len": (0, 1 << 40, "the shortest document kept, in tokens (0 keeps every non-empty document)"),
+    "pad_id": (0, (1 << 32) - 1, "a token id, e.g. the tokenizer's pad or eos id"),
+    "epoch": (0, 1 << 40, "the epoch to start in, e.g. epoch=0"),
+}
 PLAN_LRU = 2
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 _PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_continuation", "add_bos", "add_eos",
@@ -160,8 +163,11 @@ class PackedDataset(Dataset):
                  add_eos: bool = False, min_len: int = 0, pad_id: int | None = None,
                  cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last") -> None:
         store = _open_store(store)
-        require(is_integer(seq_len) and seq_len >= 1, ConfigError,
-                f"seq_len={seq_len!r} must be an integer >= 1 (input positions per sample), e.g. seq_len=2048")
+        for name, value in (("seq_len", seq_len), ("seed", seed), ("window", window), ("pack_window", pack_window),
+                            ("stride", stride), ("min_len", min_len), ("epoch", epoch)):
+            _check_bounded(name, value)
+        if pad_id is not None:
+            _check_bounded("pad_id", pad_id)
         require(packing in MODES, ConfigError,
                 f"packing={packing!r} is not a packing mode; choose one of {', '.join(MODES)}")
         if shuffle == "buffer":
@@ -204,7 +210,24 @@ class PackedDataset(Dataset):
         return self
 
     def _setup(self, store: TokenStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
-        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        """Everything construction does, none of it reading a token file (sizes come from ``meta.json``).
+
+        Why: a fresh process (a resume, a DataLoader worker) pays for a
+        dataset before its first batch; what the first batch needs (its
+        plan's blocks, the files its documents sit in) is read then.
+        """
+        _check_bounded("epoch", epoch)
+        p, o = config.packing, config.ordering
+        for name in ("seq_len", "window", "stride", "min_len", "pad_id"):
+            _check_bounded("pack_window" if name == "window" else name, getattr(p, name))
+        _check_bounded("seed", o.seed)
+        _check_bounded("window", o.window)
+        options = store.meta.get("options") or {}
+        for name, token in (("add_bos", "BOS"), ("add_eos", "EOS")):
+            require(not (getattr(p, name) and options.get(name)), ConfigError,
+                    f"{name}=True but the store at {store.path} was built with {name}=True: every document already "
+                    f"{'starts' if token == 'BOS' else 'ends'} with {token}, so each would be doubled; set "
+                    f"{name}=False (or rebuild the store with {name}=False)")
         self.store = store
         self.config = config
         self.epoch = int(epoch)
@@ -222,29 +245,74 @@ class PackedDataset(Dataset):
         self._plans: collections.OrderedDict[int, PackPlan] = collections.OrderedDict()
         self._orders: collections.OrderedDict[int, EpochOrder] = collections.OrderedDict()
 
+    def _kept_totals(self) -> tuple[int, int] | None:
+        """``(kept documents, their prepared tokens)`` from ``meta.json`` alone; None when ``min_len`` needs lengths.
+
+        A document is kept when its prepared length (tokens plus added
+        BOS/EOS) is positive and at least ``min_len`` (PACK-2). With
+        ``min_len <= 1`` that is "positive", so the counts follow from the
+        store's totals: empty documents are the ones whose text had no token
+        (none when the store itself added BOS or EOS). Example: 10 documents,
+        2 of them empty, 50 tokens give (8, 50); with ``add_eos=True``,
+        (10, 60).
+        """
+        p, store = self.config.packing, self.store
+        if p.min_len > 1:
+            return None
+        extra = int(p.add_bos) + int(p.add_eos)
+        options = store.meta.get("options") or {}
+        empty = 0 if options.get("add_bos") or options.get("add_eos") else store.num_empty_documents
+        if extra:
+            return store.num_documents, store.num_tokens + extra * store.num_documents
+        return store.num_documents - empty, store.num_tokens
+
     def _check_not_empty(self) -> None:
+        """Refuse a config whose epochs hold no sample, or no trainable label, checked from sizes (no token read).
+
+        Why "no trainable label" is refused: a label is the next token of
+        the same document, so documents of at most one prepared token give
+        samples whose labels are all IGNORE, and a mean loss over no label
+        is NaN. With ``min_len <= 1`` the counts come from ``meta.json``
+        (:meth:`_kept_totals`); with a larger ``min_len`` every kept document
+        has labels, and the epoch's plan says whether any is kept.
+        """
         p = self.config.packing
-        lengths = self.store.lengths
-        kept, prepared = kept_lengths(lengths, p)
-        n, L = int(prepared.sum()), p.seq_len
-        where = f"the store at {self.store.path} ({len(lengths)} documents, {self.store.num_tokens} tokens)"
-        require(len(lengths) > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
-        if not len(kept):
+        store = self.store
+        L = p.seq_len
+        where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
+        require(store.num_documents > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
+        totals = self._kept_totals()
+        if totals is None:
+            kept, n = -1, -1
+        else:
+            kept, n = totals
+            self._refuse_empty(where, kept, n)
+            if p.mode in ("concat", "chunk"):
+                self._fixed_samples = max(0, (n - 1) // L) if p.mode == "concat" else n // (L + 1)
+            elif p.mode == "none" and not p.splits:
+                self._fixed_samples = kept
+            return
+        plan = self.plan(self.epoch)
+        if plan.num_samples == 0:
+            self._refuse_empty(where, 0, 0)
+
+    def _refuse_empty(self, where: str, kept: int, n: int) -> None:
+        p = self.config.packing
+        L = p.seq_len
+        if not kept:
             raise EmptyDataError(
                 f"{where} keeps no document for this config: every document is empty"
                 + (f" or shorter than min_len={p.min_len}" if p.min_len else "")
                 + "; lower min_len, set add_eos=True, or check the store")
         if p.mode in STREAM_MODES:
-            if p.mode == "concat":
-                require(n >= L + 1, EmptyDataError,
-                        f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing='concat' "
-                        "(a sample's inputs and the target after them); lower seq_len or use packing='none'")
-            else:
-                require(n >= L + 1, EmptyDataError,
-                        f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing='chunk' "
-                        "(one window of L + 1 tokens); lower seq_len or use packing='none'")
-        if p.mode in ("concat", "chunk", "none"):
-            self._fixed_samples = plan_num_samples(lengths, p)
+            require(n >= L + 1, EmptyDataError,
+                    f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing={p.mode!r} "
+                    + ("(a sample's inputs and the target after them)" if p.mode == "concat" else
+                       "(one window of L + 1 tokens)") + "; lower seq_len or use packing='none'")
+        require(n > kept, EmptyDataError,
+                f"{where} has no trainable label for this config: each of its {kept} kept documents holds at most one "
+                "token after BOS/EOS are added, and a label is the next token of the same document, so every label "
+                "would be -100 (a NaN loss); set add_eos=True or add_bos=True, or build the store from longer documents")
 
     def _resolve_cache_dir(self, cache_dir: Any) -> Path | None:
         if cache_dir is False:
@@ -361,10 +429,13 @@ class PackedDataset(Dataset):
         plan = self._read_cached(epoch, *paths)
         if plan is not None:
             return plan
-        npy, sidecar = paths
+        return self._compute_and_cache(epoch, *paths)
+
+    def _compute_and_cache(self, epoch: int, npy: Path, sidecar: Path, *, stale: bool = False) -> PackPlan:
+        """The plan computed and written to the cache (under its lock; another process may have written it first)."""
         try:
             with file_lock(lock_path_for(npy)):
-                plan = self._read_cached(epoch, npy, sidecar)      # another process may have written it meanwhile
+                plan = None if stale else self._read_cached(epoch, npy, sidecar)
                 if plan is None:
                     plan = self.compute_plan(epoch)
                     self._write_cached(epoch, plan, npy, sidecar)
@@ -375,11 +446,29 @@ class PackedDataset(Dataset):
             plan = self.compute_plan(epoch)
         return plan
 
+    def _recover(self, epoch: int, npy: Path, sidecar: Path) -> dict[str, np.ndarray]:
+        """A cached plan failed a block check while in use: recompute it, rewrite the cache, hand back the arrays."""
+        warnings.warn(f"the cached epoch plan {npy} is corrupt (a block failed its CRC-32); recomputing it",
+                      RuntimeWarning, stacklevel=4)
+        plan = self.compute_plan(epoch)
+        try:
+            with file_lock(lock_path_for(npy)):
+                self._write_cached(epoch, plan, npy, sidecar)
+        except OSError:
+            pass
+        return plan.arrays
+
     def _sidecar_expected(self, epoch: int) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "key": self.plan_key(epoch),
-                "mode": self.config.packing.mode, "seq_len": self.config.packing.seq_len}
+                "mode": self.config.packing.mode, "seq_len": self.config.packing.seq_len, "block": PLAN_BLOCK}
 
     def _write_cached(self, epoch: int, plan: PackPlan, npy: Path, sidecar: Path) -> None:
+        """The plan as one flat int64 ``.npy`` and a JSON sidecar: layout, size and one CRC-32 per ``PLAN_BLOCK`` values.
+
+        The sidecar is written after the ``.npy`` (both atomically), so a
+        sidecar always describes a complete file; a reader checks a block's
+        CRC the first time it reads from the block.
+        """
         fields = STREAM_FIELDS if plan.mode in STREAM_MODES else BIN_FIELDS
         arrays = [np.asarray(plan.arrays[name], dtype=np.int64) for name in fields]
         flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
@@ -391,18 +480,23 @@ class PackedDataset(Dataset):
         for name, arr in zip(fields, arrays):
             layout.append([name, at, len(arr)])
             at += len(arr)
-        meta = dict(self._sidecar_expected(epoch), fields=layout, npy_bytes=len(data),
-                    crc32=zlib.crc32(data), epoch=self._plan_epoch(epoch),
-                    store_fingerprint=self.store.fingerprint, config=self.config.to_json())
+        blocks = [zlib.crc32(flat[i:i + PLAN_BLOCK]) for i in range(0, len(flat), PLAN_BLOCK)]
+        meta = dict(self._sidecar_expected(epoch), fields=layout, npy_bytes=len(data), values=len(flat),
+                    block_crc32=blocks, epoch=self._plan_epoch(epoch), store_fingerprint=self.store.fingerprint,
+                    config=self.config.to_json())
         atomic_write_json(sidecar, meta)
 
     def _read_cached(self, epoch: int, npy: Path, sidecar: Path) -> PackPlan | None:
-        """The cached plan if its sidecar, size and CRC-32 all match; None (recompute) otherwise.
+        """The cached plan if its sidecar and size match, checked block by block as it is read; None otherwise.
 
-        Why CRC-32 and not sha256: the check guards against a torn or bit-rotted
-        file (the atomic rename already rules out a half-written one), not an
-        adversary, and it runs in every fresh loader on the resume path: CRC-32
-        reads a 16 MB plan in about 6 ms where sha256 takes 13.
+        Why per block and CRC-32: the check guards against a torn or
+        bit-rotted file (the atomic rename already rules out a half-written
+        one), not an adversary, and it runs in every fresh loader on the
+        resume path. Checking the whole file first cost ~6 ms at 1M
+        documents, more than the rest of a resume; a batch reads a few
+        64 KiB blocks, each checked on its first use (``PackPlan``'s
+        ``verify``). A block that fails makes the plan recompute itself
+        (and the cache file be rewritten), never serve the block.
         """
         try:
             meta = json.loads(sidecar.read_bytes())
@@ -413,20 +507,17 @@ class PackedDataset(Dataset):
                 return None
             if os.path.getsize(npy) != meta["npy_bytes"]:
                 return None
-            crc = 0
-            with open(npy, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    crc = zlib.crc32(block, crc)
-            if crc != meta["crc32"]:
-                return None
             flat = np.load(npy, mmap_mode="r", allow_pickle=False)
-            layout = meta["fields"]
-            if flat.dtype != np.int64 or flat.ndim != 1 or sum(n for _, _, n in layout) != len(flat):
+            layout, crcs = meta["fields"], meta["block_crc32"]
+            if (flat.dtype != np.int64 or flat.ndim != 1 or len(flat) != meta["values"]
+                    or sum(n for _, _, n in layout) != len(flat) or len(crcs) != -(-len(flat) // PLAN_BLOCK)):
                 return None
             flat = flat.view(np.ndarray)    # still the mapped pages; plain ndarray slicing is cheaper than memmap's
             arrays = {name: flat[at:at + n] for name, at, n in layout}
-            return PackPlan(self.config.packing.mode, self.config.packing.seq_len, arrays)
-        except (OSError, ValueError, KeyError, TypeError, ConfigError):
+            verify = _BlockCheck(flat, {name: at for name, at, _ in layout}, crcs)
+            return PackPlan(self.config.packing.mode, self.config.packing.seq_len, arrays, verify=verify,
+                            recover=lambda: self._recover(epoch, npy, sidecar))
+        except (OSError, ValueError, KeyError, TypeError, ConfigError, PlanCorruptError):
             return None
 
     # ------------------------------------------------------------ samples
@@ -468,8 +559,7 @@ class PackedDataset(Dataset):
         epoch, index = self._resolve(SampleKey(epoch, index))
         p = self.config.packing
         if index == PADDING:
-            pad = padding_sample(p)
-            out = {name: np.asarray(getattr(pad, name), dtype=np.int64) for name in FIELDS}
+            out = {name: row[0] for name, row in padding_rows(1, p).items()}
         else:
             out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch))
             del out["document_starts"]
@@ -597,6 +687,39 @@ class PackedDataset(Dataset):
                 for name, value in self._batch(keys).items()}
 
 
+class _BlockCheck:
+    """A cached plan's :data:`impl.packing.Verifier`: CRC-32 of each ``PLAN_BLOCK``-value block, on its first read.
+
+    >>> flat = np.arange(3 * PLAN_BLOCK, dtype=np.int64)
+    >>> check = _BlockCheck(flat, {"cum": 0}, [zlib.crc32(flat[i:i + PLAN_BLOCK]) for i in range(0, len(flat), PLAN_BLOCK)])
+    >>> check("cum", np.array([5, 2 * PLAN_BLOCK])); int(check.ok.sum())     # blocks 0 and 2 checked
+    2
+    """
+
+    __slots__ = ("crcs", "flat", "ok", "starts")
+
+    def __init__(self, flat: np.ndarray, starts: dict[str, int], crcs: list[int]) -> None:
+        self.flat = flat
+        self.starts = starts
+        self.crcs = crcs
+        self.ok = np.zeros(len(crcs), dtype=bool)
+
+    def __call__(self, field: str, indices: np.ndarray) -> None:
+        blocks = (np.asarray(indices, dtype=np.int64) + self.starts[field]) // PLAN_BLOCK
+        todo = np.unique(blocks)
+        for b in todo[~self.ok[todo]].tolist():
+            if zlib.crc32(self.flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK]) != self.crcs[b]:
+                raise PlanCorruptError(f"block {b} of a cached plan failed its CRC-32")
+            self.ok[b] = True
+
+
+def _check_bounded(name: str, value: Any) -> None:
+    """ConfigError unless ``value`` is an integer (never a bool or float) within ``_BOUNDS[name]``."""
+    lo, hi, what = _BOUNDS[name]
+    require(is_integer(value) and lo <= value <= hi, ConfigError,
+            f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")
+
+
 def _distinct(values: np.ndarray) -> list[int]:
     """The distinct values, ascending, as ints: ``np.unique(values).tolist()`` without its sort when all are equal."""
     if not len(values):
@@ -608,7 +731,6 @@ def _distinct(values: np.ndarray) -> list[int]:
 
 
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:
-    """``rows`` padding samples (``reference.resume.padding_sample``), int64 ``[rows, seq_len]``."""
-    pad = padding_sample(p)
-    return {name: np.tile(np.asarray(getattr(pad, name), dtype=np.int64), (rows, 1)) for name in FIELDS}
+    """``rows`` padding samples (PART-5), int64 ``[rows, seq_len]``: ``impl.fill.padding_rows``."""
+    return padding_rows(rows, p)
 

@@ -50,6 +50,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import mmap
 import operator
 import os
 import warnings
@@ -507,12 +508,11 @@ class PackedDataset(Dataset):
                 return None
             if os.path.getsize(npy) != meta["npy_bytes"]:
                 return None
-            flat = np.load(npy, mmap_mode="r", allow_pickle=False)
+            flat = _map_npy(npy, meta["values"], meta["npy_bytes"])
             layout, crcs = meta["fields"], meta["block_crc32"]
-            if (flat.dtype != np.int64 or flat.ndim != 1 or len(flat) != meta["values"]
-                    or sum(n for _, _, n in layout) != len(flat) or len(crcs) != -(-len(flat) // PLAN_BLOCK)):
+            if (flat is None or sum(n for _, _, n in layout) != len(flat)
+                    or len(crcs) != -(-len(flat) // PLAN_BLOCK)):
                 return None
-            flat = flat.view(np.ndarray)    # still the mapped pages; plain ndarray slicing is cheaper than memmap's
             arrays = {name: flat[at:at + n] for name, at, n in layout}
             verify = _BlockCheck(flat, {name: at for name, at, _ in layout}, crcs)
             return PackPlan(self.config.packing.mode, self.config.packing.seq_len, arrays, verify=verify,
@@ -685,6 +685,33 @@ class PackedDataset(Dataset):
         """
         return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
                 for name, value in self._batch(keys).items()}
+
+
+def _npy_header(values: int) -> bytes:
+    """The header ``np.save`` writes before ``values`` int64 values (a plan file is exactly that header, then the values)."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)),
+                                               "fortran_order": False, "shape": (values,)})
+    return buf.getvalue()
+
+
+def _map_npy(path: Path, values: int, size: int) -> np.ndarray | None:
+    """The int64 values of a plan ``.npy`` as a read-only view of its mapped pages; None unless its header is ``np.save``'s.
+
+    Why not ``np.load(mmap_mode="r")``: it costs ~0.5 ms (``np.memmap``'s
+    machinery) on the resume path; one ``mmap`` and a header comparison do
+    the same check in microseconds.
+    """
+    header = _npy_header(values)
+    if size != len(header) + 8 * values:
+        return None
+    with open(path, "rb") as f:
+        if size == len(header):
+            return np.zeros(0, dtype=np.int64) if f.read() == header else None
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if mapped[:len(header)] != header:
+        return None
+    return np.frombuffer(mapped, dtype=np.int64, count=values, offset=len(header))
 
 
 class _BlockCheck:

@@ -517,7 +517,10 @@ class PackedDataset(Dataset):
             verify = _BlockCheck(flat, {name: at for name, at, _ in layout}, crcs)
             return PackPlan(self.config.packing.mode, self.config.packing.seq_len, arrays, verify=verify,
                             recover=lambda: self._recover(epoch, npy, sidecar))
-        except (OSError, ValueError, KeyError, TypeError, ConfigError, PlanCorruptError):
+        except PlanCorruptError as exc:
+            warnings.warn(f"the cached epoch plan {npy} is corrupt ({exc}); recomputing it", RuntimeWarning, stacklevel=4)
+            return None
+        except (OSError, ValueError, KeyError, TypeError, ConfigError):
             return None
 
     # ------------------------------------------------------------ samples

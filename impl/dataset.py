@@ -64,11 +64,11 @@ from torch.utils.data import Dataset
 
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl.collation import batch_cu_seqlens
-from impl.errors import ConfigError, EmptyDataError, is_integer, require
+from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch, padding_rows
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, pack_plan
-from impl.store import TokenStore
+from impl.store import META_FILE, TokenStore
 from reference.ordering import OrderingConfig
 from reference.packing import MODES, STREAM_MODES, PackingConfig
 from reference.partition import PADDING
@@ -411,6 +411,11 @@ class PackedDataset(Dataset):
             self._plans.move_to_end(epoch)
             return plan
         plan = self._load_or_compute(epoch)
+        if self._fixed_samples is not None and plan.num_samples != self._fixed_samples:
+            raise StoreCorruptError(
+                f"token store {self.store.path}: {META_FILE} counts ({self.store.num_documents} documents, "
+                f"{self.store.num_tokens} tokens, {self.store.num_empty_documents} empty) give "
+                f"{self._fixed_samples} samples but the documents' lengths give {plan.num_samples}; {REBUILD_HINT}")
         self._plans[epoch] = plan
         while len(self._plans) > PLAN_LRU:
             self._plans.popitem(last=False)

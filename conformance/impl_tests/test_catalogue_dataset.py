@@ -9,6 +9,7 @@ design: a corrupted plan cache file is recomputed, never trusted.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import warnings
 from pathlib import Path
@@ -20,7 +21,7 @@ from conformance.assertions import assert_equal, assert_raises_typed, check
 from conformance.impl_tests.test_dataset import make_store
 from conformance.impl_tests.test_store import word_tokenizer
 from impl.dataset import MAX_SEQ_LEN, PackedDataset
-from impl.errors import ConfigError, EmptyDataError, StoreNotFoundError
+from impl.errors import ConfigError, EmptyDataError, StoreCorruptError, StoreNotFoundError
 from impl.store import TokenStore
 
 CORPUS = [[[11, 12, 13], [14, 15, 16, 17, 18, 19]], [[20, 21], [22, 23, 24, 25, 26, 27, 28, 29, 30, 31]]]
@@ -121,3 +122,14 @@ def test_a_corrupted_plan_cache_file_is_recomputed_not_trusted(stores, tmp_path)
         check(np.array_equal(got[name], expected[name]), clause="PACK-20", what=f"{name} after a corrupt cache")
     check(any("corrupt" in str(w.message) and npy.name in str(w.message) for w in caught), clause="PACK-20",
           what=f"a warning names the corrupt cache file: {[str(w.message) for w in caught]}")
+
+
+@pytest.mark.clause("PACK-20")
+def test_a_meta_json_whose_counts_disagree_with_the_lengths_is_refused_at_the_first_plan(tmp_path):
+    store = make_store([[[1, 2, 3], []], [[4, 5, 6, 7]]], tmp_path / "store")
+    meta = json.loads((store.path / "meta.json").read_text())
+    meta["num_empty_documents"] = 0                      # claims every document holds tokens
+    (store.path / "meta.json").write_text(json.dumps(meta))
+    ds = PackedDataset(TokenStore.open(store.path), seq_len=2, packing="none", overflow="truncate", cache_dir=False)
+    assert_raises_typed(StoreCorruptError, ds.plan, 0, clause="PACK-20", what="meta.json counts against the lengths",
+                        mentions=["meta.json", "3 samples", "2", "rebuild"])

@@ -1,7 +1,7 @@
 """PackedDataset: a token store, ordered and packed into fixed-length samples, any sample of any epoch in O(1).
 
 Conforms to ORD-1..ORD-5, ORD-9, ORD-11 (through ``impl.ordering``),
-PACK-1..PACK-20 (through ``impl.packing``) and, as the dataset behind
+PACK-1..PACK-20 (through ``impl.packing`` and ``impl.fill``) and, as the dataset behind
 ``impl.loader``, RES-1 and RES-3 (the fingerprint): ``ds.sample(e, i)`` is
 field for field ``reference.resume.epoch_samples(corpus, ds.config, e)[i]``,
 and ``ds.fingerprint`` is ``reference.resume.pipeline_fingerprint(
@@ -17,17 +17,25 @@ Why a cached plan: the epoch plan (document order + sample boundaries,
 ``impl.packing.PackPlan``) is computed once per (store, config, epoch) with
 numpy, written atomically to ``<store>/.plans`` (or a user cache directory
 when the store is read-only) as one ``.npy`` plus a JSON sidecar holding its
-size and CRC-32, and loaded by every other process with
-``np.load(mmap_mode="r")``. A cache file whose sidecar, size or checksum does
-not match is recomputed, never trusted. The plan holds O(documents) integers:
+size and one CRC-32 per 64 KiB block, and mapped by every other process. A
+cache file whose sidecar, size or header does not match is recomputed; a
+block is checked the first time a lookup reads it, and one that fails makes
+the plan recompute itself: never trusted, and a fresh process checks only
+the blocks its first batch reads. The plan holds O(documents) integers:
 for the global shuffle it stores epoch *positions*, and the document at a
 position is computed at access with ``impl.rng.FeistelPermutation`` on the
 few positions a sample needs (``impl.ordering.EpochOrder``), so no
 permutation array exists anywhere. Two epochs' plans stay in memory (LRU).
 
+Why lazy: a restarted job or a spawned worker builds a dataset before its
+first batch. Construction reads ``meta.json`` only (sample counts of
+concat/chunk come from its totals, and are checked against the first plan);
+a token file is mapped, and signed, when a batch first touches one of its
+documents (``impl.fill.TokenSource``).
+
 Why ``__getitems__``: torch's DataLoader (>= 2.1) asks a dataset that has
 it for a whole batch of keys at once; ``PackedDataset`` answers with the
-collated batch computed by ``impl.packing.materialize_batch`` (a fixed number
+collated batch computed by ``impl.fill.materialize_batch`` (a fixed number
 of numpy calls per batch instead of ~20 per sample), and
 ``impl.collation.collate`` passes it through unchanged.
 

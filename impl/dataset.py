@@ -735,8 +735,8 @@ class _BlockCheck:
 
     >>> flat = np.arange(3 * PLAN_BLOCK, dtype=np.int64)
     >>> check = _BlockCheck(flat, {"cum": 0}, [zlib.crc32(flat[i:i + PLAN_BLOCK]) for i in range(0, len(flat), PLAN_BLOCK)])
-    >>> check("cum", np.array([5, 2 * PLAN_BLOCK])); int(check.ok.sum())     # blocks 0 and 2 checked
-    2
+    >>> check("cum", 5, PLAN_BLOCK); check.ok.tolist()     # values 5 .. PLAN_BLOCK: blocks 0 and 1
+    [True, True, False]
     """
 
     __slots__ = ("crcs", "flat", "ok", "starts")
@@ -747,10 +747,17 @@ class _BlockCheck:
         self.crcs = crcs
         self.ok = np.zeros(len(crcs), dtype=bool)
 
-    def __call__(self, field: str, indices: np.ndarray) -> None:
-        blocks = (np.asarray(indices, dtype=np.int64) + self.starts[field]) // PLAN_BLOCK
-        todo = np.unique(blocks)
-        for b in todo[~self.ok[todo]].tolist():
+    def __call__(self, field: str, first: int, last: int) -> None:
+        at = self.starts[field]
+        b0, b1 = (at + first) // PLAN_BLOCK, (at + last) // PLAN_BLOCK
+        if b0 == b1:
+            if self.ok[b0]:
+                return
+        elif self.ok[b0:b1 + 1].all():
+            return
+        for b in range(b0, b1 + 1):
+            if self.ok[b]:
+                continue
             if zlib.crc32(self.flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK]) != self.crcs[b]:
                 raise PlanCorruptError(f"block {b} of a cached plan failed its CRC-32")
             self.ok[b] = True

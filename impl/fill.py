@@ -35,7 +35,7 @@ Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Any, cast
 
 import numpy as np
@@ -60,6 +60,7 @@ SLICE_MIN_WIDTH = 16
 it fancy-indexes every token at once (faster for many tiny runs)."""
 BATCH_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 
+_NO_TOKENS = np.zeros(0, dtype=_I64)
 Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
 Checker = Callable[[int, np.ndarray, np.ndarray], None]
 
@@ -88,7 +89,7 @@ class TokenSource:
     [7, 5, 6]
     """
 
-    __slots__ = ("_check", "_files", "_load", "_starts")
+    __slots__ = ("_check", "_doc_len", "_doc_lo", "_files", "_load", "_loaded", "_starts")
 
     def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
                  check: Checker | None = None) -> None:
@@ -100,6 +101,10 @@ class TokenSource:
         self._load = load
         self._check = check
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
+        self._loaded = np.zeros(len(starts) - 1, dtype=bool)
+        n = int(starts[-1])
+        self._doc_lo = np.empty(n, dtype=_I64)      # filled one file's range at a time, as files are loaded
+        self._doc_len = np.empty(n, dtype=_I64)
 
     @classmethod
     def from_store(cls, store: Any) -> TokenSource:
@@ -131,10 +136,18 @@ class TokenSource:
         return len(self._starts) - 1
 
     def file(self, f: int) -> tuple[np.ndarray, np.ndarray]:
-        """File ``f``'s ``(values, offsets)``, loaded on first use."""
+        """File ``f``'s ``(values, offsets)``, loaded on first use (its documents' bounds recorded then)."""
         got = self._files[f]
         if got is None:
-            got = self._files[f] = self._load(f)
+            got = self._load(f)
+            offsets = np.asarray(got[1], dtype=_I64)
+            lo, hi = int(self._starts[f]), int(self._starts[f + 1])
+            require(len(offsets) == hi - lo + 1, ConfigError,
+                    f"file {f} holds {len(offsets) - 1} documents where {hi - lo} were announced")
+            self._doc_lo[lo:hi] = offsets[:-1]
+            np.subtract(offsets[1:], offsets[:-1], out=self._doc_len[lo:hi])
+            self._files[f] = got
+            self._loaded[f] = True
         return got
 
     def _groups(self, files: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
@@ -142,7 +155,10 @@ class TokenSource:
         first = int(files[0])
         if not (files != first).any():
             return [(first, None)]
-        return [(int(f), np.flatnonzero(files == f)) for f in np.unique(files)]
+        order = np.argsort(files, kind="stable")
+        ordered = files[order]
+        bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(files)]
+        return [(int(ordered[a]), order[a:b]) for a, b in pairwise(bounds)]
 
     def locate(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(file, file-local start, length)`` of each document id in ``docs`` (int64; loads only their files)."""
@@ -157,39 +173,56 @@ class TokenSource:
             file = np.zeros(len(docs), dtype=_I64)
         else:
             file = np.searchsorted(self._starts, docs, side="right") - 1
-        start = np.empty(len(docs), dtype=_I64)
-        stop = np.empty(len(docs), dtype=_I64)
-        for f, sel in self._groups(file):
-            offsets = self.file(f)[1]
-            local = docs - self._starts[f] if sel is None else docs[sel] - self._starts[f]
-            if sel is None:
-                start[:], stop[:] = offsets[local], offsets[local + 1]
-            else:
-                start[sel], stop[sel] = offsets[local], offsets[local + 1]
-        return file, start, stop - start
+        missing = ~self._loaded[file]
+        if missing.any():
+            for f in np.unique(file[missing]).tolist():
+                self.file(f)
+        return file, self._doc_lo[docs], self._doc_len[docs]
 
-    def gather(self, out: np.ndarray, files: np.ndarray, starts: np.ndarray, stops: np.ndarray,
-               dest: np.ndarray) -> None:
+    def gather(self, out: np.ndarray, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, dest: np.ndarray,
+               tail: np.ndarray | None = None) -> None:
         """Copy run ``r`` (tokens ``starts[r]:stops[r]`` of file ``files[r]``, non-empty) to ``out[dest[r]:]``.
 
-        Per file touched: one ``check(file, starts, stops)`` of all its runs,
-        then one slice copy per run (long runs: a packed sample is a few long
-        pieces) or one fancy index over all its tokens (many short runs).
+        A ``dest`` at or past ``len(out)`` addresses ``tail`` instead (at
+        ``dest - len(out)``): the fill reads a batch's token grid and each
+        piece's token after it in one pass. First, per file touched, one
+        ``check(file, starts, stops)`` of all its runs; then one slice copy
+        per run (long runs: a packed sample is a few long pieces) or one
+        fancy index over all the tokens (many short runs).
         """
         if not len(files):
             return
-        widths = stops - starts
-        for f, sel in self._groups(files):
-            s, e, d, w = (starts, stops, dest, widths) if sel is None else (starts[sel], stops[sel], dest[sel],
-                                                                            widths[sel])
+        groups = self._groups(files)
+        for f, sel in groups:
             if self._check is not None:
-                self._check(f, s, e)
-            values = self.file(f)[0]
-            if int(w.sum()) >= SLICE_MIN_WIDTH * len(w):
-                for x0, x1, at in zip(s.tolist(), e.tolist(), d.tolist()):
-                    out[at:at + x1 - x0] = values[x0:x1]
+                self._check(f, starts if sel is None else starts[sel], stops if sel is None else stops[sel])
+            self.file(f)
+        widths = stops - starts
+        T = len(out)
+        if int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths):
+            values = [_NO_TOKENS if got is None else got[0] for got in self._files]
+            for q, x0, x1, at in zip(files.tolist(), starts.tolist(), stops.tolist(), dest.tolist()):
+                part = values[q]
+                if at < T:
+                    out[at:at + x1 - x0] = part[x0:x1]
+                elif tail is not None:
+                    tail[at - T:at - T + x1 - x0] = part[x0:x1]
+            return
+        into = _ranges(dest, widths)
+        got = np.empty(len(into), dtype=_I64)
+        for f, sel in groups:
+            if sel is None:
+                got[:] = self.file(f)[0][_ranges(starts, widths)]
             else:
-                out[_ranges(d, w)] = values[_ranges(s, w)]
+                at = _ranges(_exclusive_cumsum(widths)[sel], widths[sel])
+                got[at] = self.file(f)[0][_ranges(starts[sel], widths[sel])]
+        front = into < T
+        if front.all():
+            out[into] = got
+        else:
+            out[into[front]] = got[front]
+            if tail is not None:
+                tail[into[~front] - T] = got[~front]
 
 
 # ------------------------------------------------------------------ the fill
@@ -333,7 +366,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     inserts = config.splits and config.bos_on_continuation      # continuation BOS possible at all?
     bos = (a > 0).astype(_I64) if inserts else np.zeros(P, dtype=_I64)
     widths = b - a + bos
-    require(bool((widths >= 1).all()) and bool((b <= m).all()), ConfigError,
+    require(bool(((widths >= 1) & (b <= m)).all()), ConfigError,
             "a plan piece holds no position or ends past its document; the plan is not for this config and store")
     seg = _exclusive_cumsum(widths)                             # piece p: flat positions seg[p] .. seg[p + 1] - 1
     heads = seg[:-1]
@@ -359,14 +392,12 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     after_raw = raw_base + b
     after_in = (after_raw >= doc_lo) & (after_raw < doc_hi)    # outside: replaced (BOS/EOS) or never trained
     run = c1 > c0
-    buf = np.zeros(T + P, dtype=_I64)
     pick = np.flatnonzero(after_in)
-    source.gather(buf, np.concatenate((file[run], file[pick])), np.concatenate((c0[run], after_raw[pick])),
-                  np.concatenate((c1[run], after_raw[pick] + 1)),
-                  np.concatenate(((heads + c0 - r0)[run], T + pick)))
     tokens = fields[0]
-    tokens[:] = buf[:T]
-    after = buf[T:]
+    after = np.zeros(P, dtype=_I64)
+    source.gather(tokens, np.concatenate((file[run], file[pick])), np.concatenate((c0[run], after_raw[pick])),
+                  np.concatenate((c1[run], after_raw[pick] + 1)),
+                  np.concatenate(((heads + c0 - r0)[run], T + pick)), after)
     # Offsets 0 (add_bos) and m - 1 (add_eos), at most one position per piece each, lie outside the document.
     for on, at_offset, token in ((ab, np.zeros(P, dtype=_I64), config.bos_id), (ae, m - 1, config.eos_id)):
         if on:

@@ -252,8 +252,10 @@ class PlanCorruptError(LoadspecError):
     """A cached plan's block failed its checksum, or its values contradict each other: recompute, never trust it."""
 
 
-Verifier = Callable[[str, np.ndarray], None]
-"""``verify(field, indices)`` raises :class:`PlanCorruptError` unless ``arrays[field][indices]`` are as written."""
+Verifier = Callable[[str, int, int], None]
+"""``verify(field, first, last)`` raises :class:`PlanCorruptError` unless ``arrays[field][first:last + 1]`` are as
+written (a range, not a list: a batch reads a few runs of neighbouring values, and a range checks in O(1) once its
+blocks are known good)."""
 
 
 class PackPlan:
@@ -296,21 +298,23 @@ class PackPlan:
             cum = self.arrays["cum"]
             if not len(cum):
                 return 0
-            self._checked("cum", np.array([0, len(cum) - 1], dtype=_I64))
+            self._checked("cum", 0, 0)
+            self._checked("cum", len(cum) - 1, len(cum) - 1)
             n = int(cum[-1])
             if int(cum[0]) != 0 or n < 0 or len(self.arrays["kept"]) != len(cum) - 1:
                 raise PlanCorruptError("a stream plan's cumulative lengths do not start at 0 or do not match kept")
             return max(0, (n - 1) // self.seq_len) if self.mode == "concat" else n // (self.seq_len + 1)
         ptr = self.arrays["sample_ptr"]
         if len(ptr):
-            self._checked("sample_ptr", np.array([0, len(ptr) - 1], dtype=_I64))
+            self._checked("sample_ptr", 0, 0)
+            self._checked("sample_ptr", len(ptr) - 1, len(ptr) - 1)
             if int(ptr[0]) != 0 or int(ptr[-1]) != len(self.arrays["piece_pos"]):
                 raise PlanCorruptError("a bin plan's sample pointers do not cover its pieces")
         return len(ptr) - 1
 
-    def _checked(self, field: str, indices: np.ndarray) -> None:
-        if self._verify is not None and len(indices):
-            self._verify(field, indices)
+    def _checked(self, field: str, first: int, last: int) -> None:
+        if self._verify is not None:
+            self._verify(field, first, last)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -360,18 +364,20 @@ class PackPlan:
                                        "claimed; reopen the dataset") from None
             return self._batch_pieces(idx)
 
-    def _check_search(self, k: np.ndarray, lo: np.ndarray, kk: np.ndarray) -> None:
-        """The searches of rows starting at ``lo`` found documents ``k`` (first, last): true of the verified values?
+    def _check_search(self, begin: np.ndarray, span: np.ndarray, counts: np.ndarray, lo: np.ndarray) -> None:
+        """Did each row's searches (pieces ``begin``/``span`` in order, ``counts`` per row) land on the right documents?
 
         ``cum`` strictly increases (kept documents are non-empty), so a
         search result is right exactly when the verified values either side
-        of it bracket the position, whatever a corrupt block made it read.
+        of it bracket the position: a row's first piece must hold its first
+        stream position, its last piece its last, whatever a corrupt block
+        made the binary search read on the way.
         """
-        self._checked("cum", np.concatenate((kk, kk + 1)))
-        self._checked("kept", kk)
-        cum = self.arrays["cum"]
-        at = np.stack((lo, lo + (self.seq_len - 1)))
-        if not ((cum[k] <= at) & (at < cum[k + 1])).all():
+        ends = np.cumsum(counts)
+        at = np.concatenate((ends - counts, ends - 1))           # each row's first and last piece
+        where = np.concatenate((lo, lo + (self.seq_len - 1)))   # and the stream positions they must hold
+        left = begin[at]
+        if not ((left <= where) & (where < left + span[at])).all():
             raise PlanCorruptError("a cached stream plan's search landed between the wrong documents")
 
     def _batch_pieces(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -386,29 +392,34 @@ class PackPlan:
             k = np.searchsorted(cum, np.concatenate((lo, lo + (self.seq_len - 1))), side="right") - 1
             k0 = k[:n]
             counts = np.where(real, k[n:] - k0 + 1, 0)
-            found = k.reshape(2, n)[:, real]
-            if self._verify is not None and (int(found.min()) < 0 or int(found.max()) >= len(kept)
-                                             or (found[1] < found[0]).any()):
-                raise PlanCorruptError("a cached stream plan's search left its range")
-            kk = _ranges(k0, counts)
             if self._verify is not None:
-                self._check_search(found, lo[real], kk)
+                found = k.reshape(2, n)[:, real]
+                k_lo, k_hi = int(found.min()), int(found.max())
+                if k_lo < 0 or k_hi >= len(kept) or (found[1] < found[0]).any():
+                    raise PlanCorruptError("a cached stream plan's search left its range")
+                self._checked("cum", k_lo, k_hi + 1)
+                self._checked("kept", k_lo, k_hi)
+            kk = _ranges(k0, counts)
             begin = np.asarray(cum[kk], dtype=_I64)
             span = np.asarray(cum[kk + 1], dtype=_I64) - begin
+            if self._verify is not None:
+                self._check_search(begin, span, counts[real], lo[real])
             first = np.repeat(lo, counts) - begin                   # the row's first position, document-relative
             return (counts, np.asarray(kept[kk], dtype=_I64), np.maximum(first, 0),
                     np.minimum(span, first + self.seq_len))
         ptr = self.arrays["sample_ptr"]
         safe = np.where(real, idx, 0)
         where = np.concatenate((safe, safe + 1))
-        self._checked("sample_ptr", where)
+        if self._verify is not None:
+            self._checked("sample_ptr", int(safe.min()), int(safe.max()) + 1)
         bounds = np.asarray(ptr[where], dtype=_I64)
         counts = np.where(real, bounds[n:] - bounds[:n], 0)
         if self._verify is not None and ((counts < 0).any() or int(bounds.max()) > len(self.arrays["piece_pos"])):
             raise PlanCorruptError("a cached bin plan's sample pointers leave its pieces")
         pi = _ranges(bounds[:n], counts)
-        for name in ("piece_pos", "piece_start", "piece_stop"):
-            self._checked(name, pi)
+        if self._verify is not None and len(pi):
+            for name in ("piece_pos", "piece_start", "piece_stop"):
+                self._checked(name, int(pi.min()), int(pi.max()))
         return (counts, np.asarray(self.arrays["piece_pos"][pi], dtype=_I64),
                 np.asarray(self.arrays["piece_start"][pi], dtype=_I64),
                 np.asarray(self.arrays["piece_stop"][pi], dtype=_I64))

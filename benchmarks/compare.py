@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("results", nargs="?", default="benchmarks/results/bench-M.json")
     ap.add_argument("--baseline", default=None, help="baseline file (default: baselines/<machine>.json)")
     ap.add_argument("--update", action="store_true", help="write this run's ratios as the baseline for its size")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --update: replace only the ratios this run measured, keep the section's others "
+                         "(for a run of a few benchmarks, e.g. -k 'resume-impl or construct or open-impl')")
     args = ap.parse_args(argv)
     if not Path(args.results).exists():
         print(f"no results at {args.results}: run `make bench` first", file=sys.stderr)
@@ -69,11 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.update:
         doc = json.loads(path.read_text()) if path.exists() else {"machine": name, "sizes": {}}
         doc["machine_facts"] = info.get("machine")
+        measured = {k: {"value": round(v, 6), "better": b, "tolerance": figures.tolerance(k)}
+                    for k, (v, b) in sorted(current.items())}
+        kept = doc["sizes"].get(size, {}).get("ratios", {}) if args.merge else {}
         doc["sizes"][size] = {
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "versions": info.get("versions"),
-            "ratios": {k: {"value": round(v, 6), "better": b, "tolerance": figures.tolerance(k)}
-                       for k, (v, b) in sorted(current.items())},
+            "ratios": dict(sorted({**kept, **measured}.items())),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

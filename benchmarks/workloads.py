@@ -50,11 +50,22 @@ class Build:
 class Resume:
     """A fresh loader object: ``load_state_dict`` (or ``.skip``) -> first batch, at ``position`` of the epoch."""
 
-    loader: str         # impl | hf-iterable | hf-streaming | hf-skip | mosaicml | litdata
+    loader: str         # impl | impl-fresh | hf-iterable | hf-streaming | hf-skip | mosaicml | litdata
     position: float
 
     def __str__(self) -> str:
         return f"resume-{self.loader}-p{round(self.position * 100):02d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Construct:
+    """``PackedDataset(store, ...)`` and its ``len`` on an opened store, the epoch plan already cached on disk."""
+
+    packing: str
+    shuffle: str
+
+    def __str__(self) -> str:
+        return f"construct-{self.packing}-{self.shuffle}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +114,7 @@ class Rss:
 
 OPEN_LOADERS = ("impl", "impl-dataset", "hf-load_from_disk", "hf-load_dataset", "mosaicml", "litdata")
 BUILDS = (Build("impl"), Build("hf-map"))
-RESUME_LOADERS = ("impl", "hf-iterable", "hf-streaming", "hf-skip", "mosaicml", "litdata")
+RESUME_LOADERS = ("impl", "impl-fresh", "hf-iterable", "hf-streaming", "hf-skip", "mosaicml", "litdata")
 RESUMES = tuple(Resume(loader, p) for loader in RESUME_LOADERS for p in POSITIONS)
 THROUGHPUTS = (
     Throughput("raw", 0, "none"), Throughput("floor", 0, "none"), Throughput("impl", 0, "none"),
@@ -114,6 +125,7 @@ THROUGHPUTS = (
     Throughput("mosaicml", 0), Throughput("mosaicml", 2),
     Throughput("litdata", 0), Throughput("litdata", 2),
 )
+CONSTRUCTS = (Construct("concat", "global"), Construct("concat", "window"), Construct("greedy", "global"))
 PACKINGS = tuple(Packing(m) for m in PACKING_MODES)
 PLANS = tuple(PackPlan(m) for m in PACKING_MODES)
 RSSES = (Rss("impl", 0), Rss("impl", 2), Rss("hf-iterable", 0), Rss("mosaicml", 0), Rss("litdata", 0))

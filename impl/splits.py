@@ -112,6 +112,8 @@ class SplitStore:
         doc_bounds = np.concatenate([first[keep], last[keep][-1:]]) - a
         self.file_token_counts = np.diff(self._doc_offsets[doc_bounds]).astype(int).tolist()
         self.file_document_starts = np.concatenate([[0], np.cumsum(self.file_document_counts)]).astype(int).tolist()
+        base_starts = starts[self._files]
+        self._doc_slices = [(int(lo), int(hi)) for lo, hi in zip(first[keep] - base_starts, last[keep] - base_starts)]
 
     # ------------------------------------------------------------ identity
 
@@ -140,7 +142,36 @@ class SplitStore:
     def pad_id(self) -> int | None:
         return self.base.pad_id  # type: ignore[no-any-return]
 
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The base store's ``meta.json`` (build options, tokenizer): a split changes which documents, not how."""
+        return self.base.meta  # type: ignore[no-any-return]
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_empty_documents(self) -> int:
+        return int(np.count_nonzero(self.lengths == 0))
+
     # ------------------------------------------------------------ documents and tokens
+
+    def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
+        """File ``f`` of the split: the base file's values and the offsets of the split's documents in it.
+
+        The offsets stay file-local positions of the base file (no copy, no
+        rebasing), so the fill's token ranges are the base file's and
+        :meth:`check_blocks` hands them on unchanged.
+        """
+        values, offsets = self.base._part(int(self._files[f]))
+        lo, hi = self._doc_slices[f]
+        return values, offsets[lo:hi + 1]
+
+    def check_blocks(self, file: int, starts: np.ndarray, stops: np.ndarray) -> None:
+        """The base store's block check for split file ``file`` (same file-local token ranges)."""
+        self.base.check_blocks(int(self._files[file]), starts, stops)
+
 
     @property
     def doc_offsets(self) -> np.ndarray:

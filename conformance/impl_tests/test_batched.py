@@ -2,7 +2,7 @@
 
 ``materialize_batch`` of any index list must equal the reference's samples
 at those indices, stacked, bit for bit (every mode and option, token sources
-of one part or several, documents spanning parts or not, both ways of
+of one file or several, files cut anywhere between documents, both ways of
 reading tokens); ``materialize`` and ``PackedDataset.__getitem__`` (a batch
 of one) are checked against the reference in ``test_packing.py`` and
 ``test_dataset.py``. ``__getitems__`` of any key list (random order, repeats, mixed epochs,
@@ -26,13 +26,14 @@ from hypothesis import strategies as st
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed, check
 from conformance.impl_tests.test_dataset import CAPABILITIES, make_store
+from impl import fill as fl
 from impl import packing as ip
 from impl.collation import batch_cu_seqlens, collate
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError
 from impl.loader import build_dataloader
-from reference.ordering import OrderingConfig
 from reference import packing as rp
+from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
 from reference.resume import PipelineConfig, padding_sample
 
@@ -51,13 +52,10 @@ def unique_tokens(corpus) -> list[list[int]]:
     return [[1000 * (k + 1) + j for j in range(len(doc))] for k, doc in enumerate(docs)]
 
 
-def split_source(documents: list[list[int]], cuts: list[int], dtype=np.uint32) -> ip.TokenSource:
-    """The documents as a ``TokenSource`` of several parts, cut at the given token positions (anywhere)."""
-    flat = np.array([t for d in documents for t in d], dtype=dtype)
-    offsets = np.zeros(len(documents) + 1, dtype=np.int64)
-    np.cumsum([len(d) for d in documents], out=offsets[1:])
-    bounds = sorted({0, len(flat), *(c % (len(flat) + 1) for c in cuts)})
-    return ip.TokenSource([flat[x:y] for x, y in pairwise(bounds)], offsets)
+def split_source(documents: list[list[int]], cuts: list[int], dtype=np.uint32) -> fl.TokenSource:
+    """The documents as a ``TokenSource`` of several files, cut before the given document indices (files may be empty)."""
+    bounds = sorted([0, len(documents), *(c % (len(documents) + 1) for c in cuts)])
+    return fl.TokenSource.from_files([documents[x:y] for x, y in pairwise(bounds)], dtype=dtype)
 
 
 def reference_rows(documents: list[list[int]], config: PackingConfig, indices: list[int]) -> dict[str, np.ndarray]:
@@ -94,11 +92,9 @@ def test_materialize_batch_equals_the_reference_samples_for_every_mode_option_an
     plan = ip.pack_plan([len(d) for d in docs], config)
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum([len(d) for d in docs], out=offsets[1:])
-    kind = data.draw(st.sampled_from(["one part", "parts at document ends", "parts anywhere"]), label="source")
-    if kind == "one part":
-        source = ip.TokenSource.from_documents(docs)
-    elif kind == "parts at document ends":
-        source = split_source(docs, data.draw(st.lists(st.sampled_from(offsets.tolist()), max_size=4), label="cuts"))
+    kind = data.draw(st.sampled_from(["one file", "several files"]), label="source")
+    if kind == "one file":
+        source = fl.TokenSource.from_documents(docs)
     else:
         source = split_source(docs, data.draw(st.lists(st.integers(0, 400), max_size=4), label="cuts"))
     indices = data.draw(st.lists(st.integers(-1, plan.num_samples - 1), max_size=12), label="indices")
@@ -107,8 +103,8 @@ def test_materialize_batch_equals_the_reference_samples_for_every_mode_option_an
     doc_ids = {None: None, "array": ids, "callable": lambda pos: ids[pos]}[mapping]
     path = data.draw(st.sampled_from(["slices", "fancy index"]), label="token path")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ip, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
-        got = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, doc_ids)
+        mp.setattr(fl, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
+        got = fl.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, doc_ids)
     expected = reference_rows(docs, config, indices)
     rep = {"corpus": corpus, "config": config, "source": kind, "indices": indices, "path": path}
     assert_equal(list(got), list(FIELDS), clause="PACK-20", what="materialize_batch keys", repro=rep)
@@ -124,14 +120,12 @@ def test_materialize_batch_equals_the_reference_samples_for_every_mode_option_an
 @pytest.mark.parametrize("path", ["slices", "fancy index"])
 def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_reference(mode, path, monkeypatch):
     docs = [[10 + i * 10 + k for k in range(n)] for i, n in enumerate([5, 1, 0, 7, 3, 9])]
-    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
-    np.cumsum([len(d) for d in docs], out=offsets[1:])
-    source = split_source(docs, offsets[1:-1].tolist())       # every document in its own file: batches span files
+    source = split_source(docs, list(range(1, len(docs))))   # every document in its own file: batches span files
     config = PackingConfig(seq_len=6, mode=mode, add_bos=True, add_eos=True, bos_id=1, eos_id=2)
     plan = ip.pack_plan([len(d) for d in docs], config)
-    monkeypatch.setattr(ip, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
+    monkeypatch.setattr(fl, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
     indices = list(range(plan.num_samples))
-    got = ip.materialize_batch(plan, indices, config, source)
+    got = fl.materialize_batch(plan, indices, config, source)
     expected = reference_rows(docs, config, indices)
     for name in FIELDS:
         assert_equal(got[name].tolist(), expected[name].tolist(), clause="PACK-20", what=f"{mode} {name} via {path}")
@@ -144,14 +138,14 @@ def test_segments_from_the_pieces_equal_cu_seqlens_of_the_position_ids(corpus, c
     docs = unique_tokens(corpus)
     plan = ip.pack_plan([len(d) for d in docs], config)
     indices = data.draw(st.lists(st.integers(-1, plan.num_samples - 1), max_size=12), label="indices")
-    source = ip.TokenSource.from_documents(docs)
-    got = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, segments=True)
+    source = fl.TokenSource.from_documents(docs)
+    got = fl.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, segments=True)
     cu, max_seqlen = batch_cu_seqlens(got["position_ids"])
     rep = {"corpus": corpus, "config": config, "indices": indices}
     assert_equal(got["cu_seqlens"].dtype, np.dtype(np.int32), clause="COLL-8", what="cu_seqlens dtype", repro=rep)
     assert_equal((got["cu_seqlens"].tolist(), got["max_seqlen"]), (cu.tolist(), max_seqlen), clause="COLL-8",
                  what="segments of the batch", repro=rep)
-    plain = ip.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source)
+    plain = fl.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source)
     assert_equal(list(plain), list(FIELDS), clause="PACK-20", what="keys without segments", repro=rep)
 
 
@@ -172,24 +166,27 @@ def test_batch_pieces_lists_each_rows_pieces_as_pieces_does_and_padding_rows_hav
 def test_batched_requests_outside_the_plan_raise_config_errors_naming_the_index():
     config = PackingConfig(seq_len=4)
     plan = ip.pack_plan([3, 6, 1], config)
-    source = ip.TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]])
+    source = fl.TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]])
     for bad in (2, -2):
-        assert_raises_typed(ConfigError, ip.materialize_batch, plan, [0, bad], config, source, clause="PACK-20",
+        assert_raises_typed(ConfigError, fl.materialize_batch, plan, [0, bad], config, source, clause="PACK-20",
                             what=f"index {bad}", mentions=[f"sample index {bad}", "2 samples"])
-    assert_raises_typed(ConfigError, ip.materialize_batch, plan, [0], PackingConfig(seq_len=5), source,
+    assert_raises_typed(ConfigError, fl.materialize_batch, plan, [0], PackingConfig(seq_len=5), source,
                         clause="PACK-20", what="a plan for another seq_len", mentions=["seq_len=4", "seq_len=5"])
-    empty = ip.materialize_batch(plan, np.zeros(0, dtype=np.int64), config, source)
+    empty = fl.materialize_batch(plan, np.zeros(0, dtype=np.int64), config, source)
     assert_equal({k: v.shape for k, v in empty.items()}, {k: (0, 4) for k in FIELDS}, clause="PACK-20",
                  what="an empty batch")
 
 
 @pytest.mark.clause("PACK-20")
-def test_take_runs_gathers_runs_of_several_parts_like_take():
-    parts = [np.array([5, 6, 7], dtype=np.uint16), np.array([8, 9], dtype=np.uint16), np.array([1, 2], dtype=np.uint16)]
-    source = ip.TokenSource(parts, np.array([0, 3, 5, 7]))
-    got = source.take_runs(np.array([1, 0, 0, 1, 2, 0]), np.array([0, 2, 3, 5]), np.array([2, 1, 2, 1]),
-                           np.array([1, 2, 0, 1]))
-    assert_equal(got.tolist(), [9, 8, 1, 6, 7, 8], clause="PACK-20", what="take_runs across parts")
+@pytest.mark.parametrize("path", ["slices", "fancy index"])
+def test_gather_copies_runs_of_several_files_into_their_places(path, monkeypatch):
+    source = fl.TokenSource.from_files([[[5, 6, 7]], [], [[8, 9], [1, 2]]], dtype=np.uint16)
+    monkeypatch.setattr(fl, "SLICE_MIN_WIDTH", 0 if path == "slices" else 10**9)
+    out = np.full(7, -1, dtype=np.int64)
+    source.gather(out, np.array([2, 0, 2]), np.array([1, 0, 2]), np.array([3, 2, 3]), np.array([0, 3, 6]))
+    assert_equal(out.tolist(), [9, 1, -1, 5, 6, -1, 1], clause="PACK-20", what=f"gather via {path}")
+    assert_equal([a.tolist() for a in source.locate(np.array([2, 0, 1]))], [[2, 0, 2], [2, 0, 0], [2, 3, 2]],
+                 clause="PACK-20", what="locate: (file, file-local start, length)")
 
 
 # ------------------------------------------------------------------ __getitems__ == collate of __getitem__

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed, check
+from impl import fill as fl
 from impl import packing as ip
 from impl.errors import ConfigError
 from reference import packing as rp
@@ -44,10 +45,10 @@ def check_against_reference(documents: list[list[int]], config: PackingConfig, c
                  what="impl num_samples", repro=rep)
     ids = [7000 + k for k in range(len(documents))]
     expected = rp.fill(expected_plan, list(zip(ids, documents)), config)
-    source = ip.TokenSource.from_documents(documents)
+    source = fl.TokenSource.from_documents(documents)
     id_of = np.array(ids, dtype=np.int64)
     for i, sample in enumerate(expected):
-        got = ip.materialize(plan, i, config, source)
+        got = fl.materialize(plan, i, config, source)
         doc_ids = got["doc_ids"]
         got["doc_ids"] = np.where(doc_ids >= 0, id_of[np.maximum(doc_ids, 0)] if len(id_of) else doc_ids, -1)
         for name in SAMPLE_FIELDS:
@@ -114,7 +115,7 @@ def test_best_fit_sends_the_one_to_the_tightest_bin_as_in_the_clause_example():
 @pytest.mark.clause("PACK-20")
 def test_the_module_worked_example_reproduces_the_reference_doctest():
     docs = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
-    source = ip.TokenSource.from_documents(docs)
+    source = fl.TokenSource.from_documents(docs)
     expected = {"concat": [(1, 2, 3, 4), (5, 6, 7, 8)], "chunk": [(1, 2, 3, 4), (6, 7, 8, 9)],
                 "greedy": [(1, 2, 3, 0), (4, 5, 6, 7), (8, 9, 10, 0)],
                 "first_fit": [(1, 2, 3, 10), (4, 5, 6, 7), (8, 9, 0, 0)],
@@ -123,7 +124,7 @@ def test_the_module_worked_example_reproduces_the_reference_doctest():
     for mode, inputs in expected.items():
         config = PackingConfig(seq_len=4, mode=mode)
         plan = ip.pack_plan([3, 6, 1], config)
-        got = [tuple(ip.materialize(plan, i, config, source)["input_ids"].tolist()) for i in range(plan.num_samples)]
+        got = [tuple(fl.materialize(plan, i, config, source)["input_ids"].tolist()) for i in range(plan.num_samples)]
         assert_equal(got, inputs, clause="PACK-20", what=f"{mode} inputs")
 
 
@@ -144,11 +145,19 @@ def test_plan_arrays_are_flat_int64_and_rebuild_the_same_plan(corpus, config):
 
 
 @pytest.mark.clause("PACK-20")
-def test_token_source_gathers_across_several_parts_like_one_concatenation():
-    parts = [np.array([5, 6, 7], dtype=np.uint16), np.zeros(0, dtype=np.uint16), np.array([8, 9], dtype=np.uint16)]
-    source = ip.TokenSource(parts, np.array([0, 2, 2, 5]))
-    assert_equal(source.take(np.array([4, 0, 3, 2])).tolist(), [9, 5, 8, 7], clause="PACK-20", what="take across parts")
-    assert_equal(source.lengths.tolist(), [2, 0, 3], clause="PACK-20", what="lengths from offsets")
+def test_token_source_locates_documents_in_their_own_files_and_names_the_fix_for_a_foreign_plan():
+    source = fl.TokenSource.from_files([[[5, 6, 7], []], [], [[8, 9]]], dtype=np.uint16)
+    assert_equal([a.tolist() for a in source.locate(np.array([2, 0, 1]))], [[2, 0, 0], [0, 0, 3], [2, 3, 0]],
+                 clause="PACK-20", what="locate across files")
+    assert_equal((source.num_documents, source.num_files), (3, 3), clause="PACK-20", what="sizes")
+    assert_raises_typed(ConfigError, source.locate, np.array([3]), clause="PACK-20", what="a document beyond the source",
+                        mentions=["document 3", "3 documents", "plan is not for this store"])
+
+
+def test_the_moved_fill_names_still_resolve_from_impl_packing():
+    assert_equal((ip.materialize, ip.materialize_batch, ip.fill_batch, ip.TokenSource),
+                 (fl.materialize, fl.materialize_batch, fl.fill_batch, fl.TokenSource), clause="PACK-20",
+                 what="impl.packing re-exports")
 
 
 @pytest.mark.clause("PACK-20")
@@ -157,7 +166,7 @@ def test_invalid_plan_requests_raise_config_errors_naming_the_fix():
     plan = ip.pack_plan([3, 6, 1], config)
     assert_raises_typed(ConfigError, plan.pieces, 2, clause="PACK-20", what="sample beyond the plan",
                         mentions=["sample index 2", "2 samples"])
-    assert_raises_typed(ConfigError, ip.materialize, plan, 0, PackingConfig(seq_len=5), ip.TokenSource.from_documents([[1]]),
+    assert_raises_typed(ConfigError, ip.materialize, plan, 0, PackingConfig(seq_len=5), fl.TokenSource.from_documents([[1]]),
                         clause="PACK-20", what="a plan for another seq_len", mentions=["seq_len=4", "seq_len=5"])
     assert_raises_typed(ConfigError, ip.pack_plan, [3, -1], config, clause="PACK-20", what="negative length",
                         mentions=["negative"])

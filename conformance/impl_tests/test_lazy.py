@@ -1,0 +1,173 @@
+"""The lazy path: constructing a dataset reads no token file, a batch reads only the files it touches, and every
+token copied into a batch was handed to ``TokenStore.check_blocks`` first.
+
+Counted, not timed: ``TokenStore._map_file`` (a file mapped and its Arrow
+layout checked) and ``impl.store.quick_signature`` (a file signed) are
+wrapped to record their calls on a store of many files; ``check_blocks`` is
+replaced on the store instance by a recorder.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance.assertions import assert_equal, check
+from conformance.impl_tests.test_dataset import make_store
+from impl import store as store_module
+from impl.dataset import PackedDataset
+from impl.loader import build_dataloader
+from impl.store import TokenStore
+from reference.packing import IGNORE, MODES, NO_OFFSET
+from reference.resume import make_state
+
+FILES = 6
+DOCS_PER_FILE = 5
+
+
+def corpus() -> list[list[list[int]]]:
+    """Six files of five documents of 3..14 tokens, every token unique (file f, document j, offset k)."""
+    return [[[10_000 + 1000 * f + 100 * j + k for k in range(3 + (5 * f + 3 * j) % 12)] for j in range(DOCS_PER_FILE)]
+            for f in range(FILES)]
+
+
+@pytest.fixture(scope="module")
+def store_dir():
+    with tempfile.TemporaryDirectory() as tmp:
+        yield make_store(corpus(), Path(tmp) / "store").path
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Record which files get mapped and how many get signed."""
+    seen: dict[str, list] = {"mapped": [], "signed": []}
+    real_map, real_sign = TokenStore._map_file, store_module.quick_signature
+
+    def map_file(self, rec):
+        seen["mapped"].append(rec.name)
+        return real_map(self, rec)
+
+    def sign(path, size=None):
+        seen["signed"].append(Path(path).name)
+        return real_sign(path, size)
+
+    monkeypatch.setattr(TokenStore, "_map_file", map_file)
+    monkeypatch.setattr(store_module, "quick_signature", sign)
+    return seen
+
+
+def files_of(store: TokenStore, doc_ids: np.ndarray) -> set[str]:
+    """The names of the files holding these documents (ids >= 0)."""
+    starts = np.asarray(store.file_document_starts)
+    docs = np.unique(doc_ids[doc_ids >= 0])
+    return {store.file_records[int(f)].name for f in np.searchsorted(starts, docs, side="right") - 1}
+
+
+@pytest.mark.clause("PACK-20", "RES-1")
+@pytest.mark.parametrize("shuffle", ["none", "global", "window"])
+def test_constructing_a_dataset_maps_and_signs_no_token_file(store_dir, counted, tmp_path, shuffle):
+    cache = tmp_path / "cache"
+    PackedDataset(TokenStore.open(store_dir), seq_len=8, shuffle=shuffle, window=3, cache_dir=cache).plan(0)  # warm
+    counted["mapped"].clear()
+    counted["signed"].clear()
+    ds = PackedDataset(TokenStore.open(store_dir), seq_len=8, shuffle=shuffle, window=3, cache_dir=cache)
+    len(ds)
+    ds.plan(0)
+    assert_equal((counted["mapped"], counted["signed"]), ([], []), clause="PACK-20",
+                 what="files mapped/signed by construction, len and the cached plan")
+
+
+@pytest.mark.clause("PACK-20", "RES-1")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shuffle", ["none", "global"])
+def test_a_batch_maps_and_signs_only_the_files_its_documents_sit_in(store_dir, counted, tmp_path, mode, shuffle):
+    ds = PackedDataset(TokenStore.open(store_dir), seq_len=8, packing=mode, shuffle=shuffle, cache_dir=tmp_path)
+    ds.plan(0)                                    # computing a plan reads every length: done once, then cached
+    for start in (0, len(ds) // 2, len(ds) - 2):
+        fresh = PackedDataset(TokenStore.open(store_dir), seq_len=8, packing=mode, shuffle=shuffle, cache_dir=tmp_path)
+        counted["mapped"].clear()
+        counted["signed"].clear()
+        batch = fresh.samples(0, [start, start + 1])
+        touched = files_of(fresh.store, batch["doc_ids"])
+        assert_equal(sorted(set(counted["mapped"])), sorted(touched), clause="PACK-20",
+                     what=f"{mode}/{shuffle} samples {start}, {start + 1}: files mapped")
+        assert_equal(sorted(counted["signed"]), sorted(touched), clause="PACK-20",
+                     what=f"{mode}/{shuffle} samples {start}, {start + 1}: files signed, once each")
+        check(len(touched) < FILES, clause="PACK-20", what=f"two samples touch {len(touched)} of {FILES} files")
+
+
+@pytest.mark.clause("RES-1")
+def test_a_resumed_loader_maps_only_the_files_of_its_first_batch(store_dir, counted, tmp_path):
+    ds = PackedDataset(TokenStore.open(store_dir), seq_len=8, shuffle="global", cache_dir=tmp_path)
+    fingerprint = build_dataloader(ds, batch_size=2, rank=0, world_size=1).fingerprint
+    ds.plan(0)
+    for consumed in (0, 10, 2 * (len(ds) // 2) - 2):
+        counted["mapped"].clear()
+        fresh = PackedDataset(TokenStore.open(store_dir), seq_len=8, shuffle="global", cache_dir=tmp_path)
+        loader = build_dataloader(fresh, batch_size=2, rank=0, world_size=1)
+        loader.load_state_dict(make_state(fingerprint, 0, consumed))
+        batch = next(iter(loader))
+        assert_equal(batch["sample_index"].tolist(), [consumed, consumed + 1], clause="RES-1", what="resumed batch")
+        assert_equal(sorted(set(counted["mapped"])), sorted(files_of(fresh.store, batch["doc_ids"].numpy())),
+                     clause="RES-1", what=f"files mapped by a resume at {consumed}")
+
+
+# ------------------------------------------------------------------ check_blocks before every copy
+
+
+def record_checks(store: TokenStore) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    calls: list[tuple[int, np.ndarray, np.ndarray]] = []
+    real = store.check_blocks
+
+    def check_blocks(file, starts, stops):
+        starts, stops = np.asarray(starts), np.asarray(stops)
+        check(starts.dtype == np.int64 and stops.dtype == np.int64 and starts.shape == stops.shape, clause="PACK-20",
+              what=f"check_blocks arguments {starts.dtype}/{stops.dtype} {starts.shape}/{stops.shape}")
+        calls.append((int(file), starts.copy(), stops.copy()))
+        real(file, starts, stops)
+
+    store.check_blocks = check_blocks
+    return calls
+
+
+def copied_tokens(store: TokenStore, batch: dict, add_bos: bool) -> list[tuple[int, int]]:
+    """``(file, file-local token index)`` of every store token in the batch: inputs, and labels that are tokens."""
+    starts = np.asarray(store.file_document_starts)
+    out = []
+    for docs, offsets, labels in zip(batch["doc_ids"], batch["token_offsets"], batch["labels"]):
+        for doc, offset, label in zip(docs.tolist(), offsets.tolist(), labels.tolist()):
+            if doc < 0 or offset == NO_OFFSET:
+                continue
+            f = int(np.searchsorted(starts, doc, side="right")) - 1
+            local = store._offsets[f]
+            first, length = int(local[doc - starts[f]]), int(local[doc - starts[f] + 1] - local[doc - starts[f]])
+            for raw in (offset - add_bos, offset + 1 - add_bos if label != IGNORE else -1):
+                if 0 <= raw < length:
+                    out.append((f, first + raw))
+    return out
+
+
+@pytest.mark.clause("PACK-20")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("edges", ["plain", "bos+eos", "continuation bos"])
+def test_every_token_copied_into_a_batch_was_handed_to_check_blocks_first_once_per_file(store_dir, tmp_path, mode,
+                                                                                       edges):
+    kwargs = {"plain": {}, "bos+eos": {"add_bos": True, "add_eos": True},
+              "continuation bos": {"bos_on_continuation": True, "stride": 2}}[edges]
+    if mode in ("concat", "chunk") and edges == "continuation bos":
+        kwargs = {"stride": 0}
+    ds = PackedDataset(TokenStore.open(store_dir), seq_len=8, packing=mode, shuffle="global", cache_dir=tmp_path,
+                       **kwargs)
+    calls = record_checks(ds.store)
+    total = len(ds)
+    for rows in ([0, 1, 2], [total - 1, -1, total // 2], list(range(total))):
+        calls.clear()
+        batch = ds.samples(0, rows)
+        files = [f for f, _, _ in calls]
+        assert_equal(len(files), len(set(files)), clause="PACK-20", what=f"check_blocks calls per file for rows {rows}")
+        covered = {(f, t) for f, a, b in calls for x, y in zip(a.tolist(), b.tolist()) for t in range(x, y)}
+        missing = [ft for ft in copied_tokens(ds.store, batch, ds.config.packing.add_bos) if ft not in covered]
+        assert_equal(missing, [], clause="PACK-20", what=f"{mode}/{edges} tokens copied without a check, rows {rows}")

@@ -1,0 +1,461 @@
+"""The fill: a plan's samples from the tokens of the files they touch (``impl.packing`` is the plan).
+
+Conforms to PACK-3, PACK-4, PACK-5 and PACK-20 of docs/clauses/packing.md:
+``materialize(plan, i, ...)`` returns exactly what ``reference.packing.fill``
+returns for sample ``i``, and ``materialize_batch`` the same samples stacked.
+
+Why a module apart from the plan: the plan is integers about documents
+(where each sample's pieces begin and end) and never touches a token; the
+fill is the only code that reads tokens. Keeping them apart keeps the one
+reader of tokens in one place: :class:`TokenSource` addresses documents as
+``(file, file-local offset, length)`` and copies token ranges out of the
+file that holds them, mapping a file only when a batch first touches it, and
+asking the store to check those ranges (``TokenStore.check_blocks``) before
+copying them, once per file per batch.
+
+Samples: ``materialize_batch(plan, indices, ...)`` returns ``[B, L]`` arrays,
+row r being the reference's sample ``indices[r]`` (``-1``: the padding
+sample), in a number of numpy calls that does not grow with ``B``:
+``PackPlan.batch_pieces`` finds every row's pieces, ``TokenSource.locate``
+finds their documents, and ``fill_batch`` lays all pieces end to end on one
+flat grid, with the tokens copied by ``TokenSource.gather`` and every
+per-piece event (BOS/EOS, continuation BOS, untrained runs) written at
+piece-level positions. ``materialize`` is the batch of one index: there is
+one fill, and the reference is its readable statement.
+
+Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
+
+    >>> from reference.packing import PackingConfig
+    >>> from impl.packing import pack_plan
+    >>> docs = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]])
+    >>> materialize(pack_plan([3, 6, 1], PackingConfig(seq_len=4)), 0, PackingConfig(seq_len=4), docs)["labels"].tolist()
+    [2, 3, -100, 5]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import chain, pairwise
+from typing import Any, cast
+
+import numpy as np
+
+from impl.collation import batch_cu_seqlens
+from impl.errors import ConfigError, require
+from impl.packing import PackPlan, _exclusive_cumsum, _ranges
+from reference.packing import IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig
+
+__all__ = [
+    "BATCH_FIELDS",
+    "SLICE_MIN_WIDTH",
+    "TokenSource",
+    "fill_batch",
+    "materialize",
+    "materialize_batch",
+]
+
+_I64 = np.int64
+SLICE_MIN_WIDTH = 16
+"""``TokenSource.gather`` copies a file's runs one slice each when they average at least this many tokens; otherwise
+it fancy-indexes every token at once (faster for many tiny runs)."""
+BATCH_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
+
+_NO_TOKENS = np.zeros(0, dtype=_I64)
+Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
+Checker = Callable[[int, np.ndarray, np.ndarray], None]
+
+
+# ------------------------------------------------------------------ tokens
+
+
+class TokenSource:
+    """Documents held in files, each file mapped on first use: the fill's one reader of tokens.
+
+    File ``f`` holds documents ``file_document_starts[f]`` ..
+    ``file_document_starts[f + 1] - 1``; ``load(f)`` returns its
+    ``(values, offsets)`` (tokens, and file-local document offsets of length
+    documents + 1), and ``check(f, starts, stops)`` is called with the
+    file-local token ranges about to be copied, before they are copied.
+    :meth:`from_store` wires these to ``TokenStore._part`` (which maps and
+    signs a file the first time it is asked for) and
+    ``TokenStore.check_blocks``; nothing is read at construction.
+
+    >>> src = TokenSource.from_files([[[5, 6]], [[], [7]]])
+    >>> [a.tolist() for a in src.locate(np.array([2, 0]))]       # (file, file-local start, length)
+    [[1, 0], [0, 0], [1, 2]]
+    >>> out = np.zeros(3, dtype=np.int64)
+    >>> src.gather(out, np.array([1, 0]), np.array([0, 0]), np.array([1, 2]), np.array([0, 1]))
+    >>> out.tolist()
+    [7, 5, 6]
+    """
+
+    __slots__ = ("_check", "_doc_len", "_doc_lo", "_files", "_load", "_loaded", "_starts")
+
+    def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
+                 check: Checker | None = None) -> None:
+        starts = np.asarray(file_document_starts, dtype=_I64).reshape(-1)
+        require(len(starts) >= 2 and int(starts[0]) == 0 and bool((np.diff(starts) >= 0).all()), ConfigError,
+                f"file_document_starts={starts.tolist()!r} must start at 0, never decrease and name at least one "
+                "file; pass TokenStore.file_document_starts")
+        self._starts = starts
+        self._load = load
+        self._check = check
+        self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
+        self._loaded = np.zeros(len(starts) - 1, dtype=bool)
+        n = int(starts[-1])
+        self._doc_lo = np.empty(n, dtype=_I64)      # filled one file's range at a time, as files are loaded
+        self._doc_len = np.empty(n, dtype=_I64)
+
+    @classmethod
+    def from_store(cls, store: Any) -> TokenSource:
+        """The store's files, each mapped (and signed) by the store when a batch first touches it."""
+        return cls(store.file_document_starts, store._part, store.check_blocks)
+
+    @classmethod
+    def from_files(cls, files: Sequence[Sequence[Sequence[int]]], dtype: Any = np.int64) -> TokenSource:
+        """Files of documents held in memory (tests and small inputs): ``files[f][j]`` is document j of file f."""
+        parts = []
+        for docs in files:
+            lengths = np.fromiter((len(d) for d in docs), dtype=_I64, count=len(docs))
+            values = np.fromiter(chain.from_iterable(docs), dtype=dtype, count=int(lengths.sum()))
+            parts.append((values, _exclusive_cumsum(lengths)))
+        starts = _exclusive_cumsum(np.array([len(docs) for docs in files], dtype=_I64))
+        return cls(starts, parts.__getitem__)
+
+    @classmethod
+    def from_documents(cls, documents: Sequence[Sequence[int]]) -> TokenSource:
+        """One file holding ``documents``."""
+        return cls.from_files([documents])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self._starts[-1])
+
+    @property
+    def num_files(self) -> int:
+        return len(self._starts) - 1
+
+    def file(self, f: int) -> tuple[np.ndarray, np.ndarray]:
+        """File ``f``'s ``(values, offsets)``, loaded on first use (its documents' bounds recorded then)."""
+        got = self._files[f]
+        if got is None:
+            got = self._load(f)
+            offsets = np.asarray(got[1], dtype=_I64)
+            lo, hi = int(self._starts[f]), int(self._starts[f + 1])
+            require(len(offsets) == hi - lo + 1, ConfigError,
+                    f"file {f} holds {len(offsets) - 1} documents where {hi - lo} were announced")
+            self._doc_lo[lo:hi] = offsets[:-1]
+            np.subtract(offsets[1:], offsets[:-1], out=self._doc_len[lo:hi])
+            self._files[f] = got
+            self._loaded[f] = True
+        return got
+
+    def _groups(self, files: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+        """``(file, selection)`` per distinct file of ``files``; selection None when all share the file."""
+        first = int(files[0])
+        if not (files != first).any():
+            return [(first, None)]
+        order = np.argsort(files, kind="stable")
+        ordered = files[order]
+        bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(files)]
+        return [(int(ordered[a]), order[a:b]) for a, b in pairwise(bounds)]
+
+    def locate(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(file, file-local start, length)`` of each document id in ``docs`` (int64; loads only their files)."""
+        docs = np.asarray(docs, dtype=_I64).reshape(-1)
+        if not len(docs):
+            return docs, docs, docs
+        if int(docs.min()) < 0 or int(docs.max()) >= self.num_documents:
+            bad = int(docs[(docs < 0) | (docs >= self.num_documents)][0])
+            raise ConfigError(f"document {bad} is outside the source's {self.num_documents} documents; "
+                              "the plan is not for this store")
+        if self.num_files == 1:
+            file = np.zeros(len(docs), dtype=_I64)
+        else:
+            file = np.searchsorted(self._starts, docs, side="right") - 1
+        missing = ~self._loaded[file]
+        if missing.any():
+            for f in np.unique(file[missing]).tolist():
+                self.file(f)
+        return file, self._doc_lo[docs], self._doc_len[docs]
+
+    def gather(self, out: np.ndarray, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, dest: np.ndarray,
+               tail: np.ndarray | None = None) -> None:
+        """Copy run ``r`` (tokens ``starts[r]:stops[r]`` of file ``files[r]``, non-empty) to ``out[dest[r]:]``.
+
+        A ``dest`` at or past ``len(out)`` addresses ``tail`` instead (at
+        ``dest - len(out)``): the fill reads a batch's token grid and each
+        piece's token after it in one pass. First, per file touched, one
+        ``check(file, starts, stops)`` of all its runs; then one slice copy
+        per run (long runs: a packed sample is a few long pieces) or one
+        fancy index over all the tokens (many short runs).
+        """
+        if not len(files):
+            return
+        groups = self._groups(files)
+        for f, sel in groups:
+            if self._check is not None:
+                self._check(f, starts if sel is None else starts[sel], stops if sel is None else stops[sel])
+            self.file(f)
+        widths = stops - starts
+        T = len(out)
+        if int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths):
+            values = [_NO_TOKENS if got is None else got[0] for got in self._files]
+            for q, x0, x1, at in zip(files.tolist(), starts.tolist(), stops.tolist(), dest.tolist()):
+                part = values[q]
+                if at < T:
+                    out[at:at + x1 - x0] = part[x0:x1]
+                elif tail is not None:
+                    tail[at - T:at - T + x1 - x0] = part[x0:x1]
+            return
+        into = _ranges(dest, widths)
+        got = np.empty(len(into), dtype=_I64)
+        for f, sel in groups:
+            if sel is None:
+                got[:] = self.file(f)[0][_ranges(starts, widths)]
+            else:
+                at = _ranges(_exclusive_cumsum(widths)[sel], widths[sel])
+                got[at] = self.file(f)[0][_ranges(starts[sel], widths[sel])]
+        front = into < T
+        if front.all():
+            out[into] = got
+        else:
+            out[into[front]] = got[front]
+            if tail is not None:
+                tail[into[~front] - T] = got[~front]
+
+
+# ------------------------------------------------------------------ the fill
+
+
+def _check_plan(plan: PackPlan, config: PackingConfig) -> None:
+    if plan.mode != config.mode or plan.seq_len != config.seq_len:
+        raise ConfigError(f"plan is for mode={plan.mode!r}, seq_len={plan.seq_len} but config has "
+                          f"mode={config.mode!r}, seq_len={config.seq_len}; compute the plan with this config")
+
+
+def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSource,
+                doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Sample ``i`` of ``plan``: ``reference.packing.fill(plan, documents, config)[i]`` as numpy arrays.
+
+    ``doc_ids`` maps the plan's input positions to global document ids (rows
+    of ``source``): a callable such as ``impl.ordering.EpochOrder``, an array
+    (``doc_ids[position]``), or None when positions are document ids. The
+    output's ``doc_ids`` field holds those ids, as ``fill`` reports the
+    document's id. Returns int64 arrays of length L (``input_ids``,
+    ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``) and
+    ``document_starts`` (where each piece begins). Cost O(log documents +
+    pieces + L), independent of ``i``: it is ``materialize_batch`` of the one
+    index, so the single-sample and the batched paths are one computation.
+
+    Clauses: PACK-3, PACK-4, PACK-5 (and the plan's clauses through ``plan``).
+
+    >>> from impl.packing import pack_plan
+    >>> src = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    >>> cfg = PackingConfig(seq_len=4, mode="greedy")
+    >>> s = materialize(pack_plan([3, 6], cfg), 2, cfg, src)
+    >>> s["input_ids"].tolist(), s["labels"].tolist(), s["position_ids"].tolist(), s["document_starts"].tolist()
+    ([8, 9, 0, 0], [9, -100, -100, -100], [0, 1, 0, 0], [0])
+    """
+    _check_plan(plan, config)
+    plan.check_index(i)
+    rows = materialize_batch(plan, np.array([i], dtype=_I64), config, source, doc_ids)
+    out = {name: values[0] for name, values in rows.items()}
+    out["document_starts"] = np.flatnonzero((out["position_ids"] == 0) & (out["doc_ids"] != NO_DOC))
+    return out
+
+
+def _rows_block(rows: int, config: PackingConfig, *, padded: bool) -> dict[str, np.ndarray]:
+    """``[rows, seq_len]`` int64 arrays for ``BATCH_FIELDS``, views of one block (filled as padding if ``padded``).
+
+    Why one block: one allocation instead of five (fewer page faults for
+    fresh memory, which dominate when every batch is new memory).
+    """
+    block = np.empty((len(BATCH_FIELDS), rows, config.seq_len), dtype=_I64)
+    if padded:
+        for field, value in zip(block, (config.pad_id, IGNORE, 0, NO_DOC, NO_OFFSET)):
+            field.fill(value)
+    return dict(zip(BATCH_FIELDS, block))
+
+
+_ARANGE = np.arange(0, dtype=_I64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n)`` as a read-only view of a cached, growing array (saves a pass and an allocation per batch)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        grown = np.arange(max(n, 2 * len(_ARANGE)), dtype=_I64)
+        grown.setflags(write=False)
+        _ARANGE = grown
+    return _ARANGE[:n]
+
+
+def _with_segments(out: dict[str, Any], heads: np.ndarray | None = None,
+                   widths: np.ndarray | None = None) -> dict[str, Any]:
+    """Add ``cu_seqlens`` / ``max_seqlen`` (``batch_cu_seqlens`` of ``position_ids``); from the pieces when rows are full.
+
+    With every row full, the segments are exactly the pieces (a piece's
+    positions count 0, 1, ... from its head, and each row starts with a
+    piece), so no pass over the ``[B, L]`` positions is needed.
+    """
+    if heads is None or widths is None:
+        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+    else:
+        cu = np.empty(len(heads) + 1, dtype=np.int32)
+        cu[:-1] = heads
+        cu[-1] = out["position_ids"].size
+        out["cu_seqlens"], out["max_seqlen"] = cu, int(widths.max())
+    return out
+
+
+def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, config: PackingConfig,
+               source: TokenSource, *, segments: bool = False) -> dict[str, np.ndarray]:
+    """Rows of samples from their pieces, as ``reference.packing.fill`` builds them, with no Python work per row or piece.
+
+    Row ``r`` holds the next ``counts[r]`` pieces of ``(doc_ids, starts,
+    stops)`` (``PackPlan.batch_pieces``'s layout; a row with no piece is the
+    padding sample). Returns int64 ``[rows, seq_len]`` arrays ``input_ids``,
+    ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``, equal to
+    the reference's samples stacked (without ``document_starts``).
+    With ``segments``, also ``cu_seqlens`` (int32) and ``max_seqlen``, as
+    ``batch_cu_seqlens(position_ids)`` gives them.
+
+    How: every piece's positions are laid end to end on one flat grid of
+    ``T`` tokens (``seg``: exclusive cumsum of the widths); per-token values
+    are a per-piece constant repeated over the piece (``np.repeat``) plus
+    the position in it; the tokens of each piece inside its document, and
+    each piece's token after its stop when that is in the document (its
+    last label), are copied by one ``TokenSource.gather``; everything that
+    happens at most once per piece (BOS/EOS at a document's edge, an
+    inserted continuation BOS, the untrained head and tail runs of a piece)
+    is written at piece-level positions. Full rows (concat, chunk) are
+    computed in place in the output; shorter rows are scattered into
+    padding rows.
+
+    >>> src = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    >>> cfg = PackingConfig(seq_len=4, mode="greedy")
+    >>> rows = fill_batch(np.array([2, 0]), np.array([0, 1]), np.array([2, 0]), np.array([3, 2]), cfg, src)
+    >>> rows["input_ids"].tolist(), rows["labels"].tolist()
+    ([[3, 4, 5, 0], [0, 0, 0, 0]], [[-100, 5, -100, -100], [-100, -100, -100, -100]])
+    """
+    L = config.seq_len
+    counts = np.asarray(counts, dtype=_I64).reshape(-1)
+    docs = np.asarray(doc_ids, dtype=_I64).reshape(-1)
+    a = np.asarray(starts, dtype=_I64).reshape(-1)
+    b = np.asarray(stops, dtype=_I64).reshape(-1)
+    B, P = len(counts), len(docs)
+    if not int(counts.sum()) == P == len(a) == len(b):
+        raise ConfigError(f"counts sum to {int(counts.sum())} pieces but doc_ids/starts/stops hold "
+                          f"{P}/{len(a)}/{len(b)}; pass PackPlan.batch_pieces's arrays")
+    if P == 0:
+        empty = _rows_block(B, config, padded=True)
+        return _with_segments(empty) if segments else empty
+    ab, ae = int(config.add_bos), int(config.add_eos)
+    file, doc_lo, length = source.locate(docs)
+    m = length + (ab + ae)                                      # prepared lengths
+    inserts = config.splits and config.bos_on_continuation      # continuation BOS possible at all?
+    bos = (a > 0).astype(_I64) if inserts else np.zeros(P, dtype=_I64)
+    widths = b - a + bos
+    require(bool(((widths >= 1) & (b <= m)).all()), ConfigError,
+            "a plan piece holds no position or ends past its document; the plan is not for this config and store")
+    seg = _exclusive_cumsum(widths)                             # piece p: flat positions seg[p] .. seg[p + 1] - 1
+    heads = seg[:-1]
+    row_ptr = _exclusive_cumsum(counts)
+    totals = seg[row_ptr[1:]] - seg[row_ptr[:-1]]
+    if int(totals.max()) > L:
+        raise ConfigError(f"a plan sample holds {int(totals.max())} positions but seq_len={L}; "
+                          "the plan is not for this config")
+    T = int(seg[-1])
+    full = T == B * L                                           # every row full (concat, chunk): compute in place
+    out = _rows_block(B, config, padded=not full)
+    fields = [out[name].reshape(-1) if full else np.empty(T, dtype=_I64) for name in BATCH_FIELDS]
+    _, labels, rel, out_docs, offset = fields
+    first_offset = a - bos                                      # prepared offset at a piece's first position
+
+    np.subtract(_arange(T), np.repeat(heads, widths), out=rel)  # position in its piece = position_ids
+    np.add(rel, np.repeat(first_offset, widths), out=offset)    # prepared offset (a - 1 at an inserted BOS)
+    # Tokens: flat grid positions 0..T-1, then slot T + p for piece p's token after its stop.
+    raw_base = doc_lo - ab                                      # file-local index of prepared offset 0
+    doc_hi = doc_lo + length
+    r0 = raw_base + first_offset
+    c0, c1 = np.maximum(r0, doc_lo), np.minimum(r0 + widths, doc_hi)
+    after_raw = raw_base + b
+    after_in = (after_raw >= doc_lo) & (after_raw < doc_hi)    # outside: replaced (BOS/EOS) or never trained
+    run = c1 > c0
+    pick = np.flatnonzero(after_in)
+    tokens = fields[0]
+    after = np.zeros(P, dtype=_I64)
+    source.gather(tokens, np.concatenate((file[run], file[pick])), np.concatenate((c0[run], after_raw[pick])),
+                  np.concatenate((c1[run], after_raw[pick] + 1)),
+                  np.concatenate(((heads + c0 - r0)[run], T + pick)), after)
+    # Offsets 0 (add_bos) and m - 1 (add_eos), at most one position per piece each, lie outside the document.
+    for on, at_offset, token in ((ab, np.zeros(P, dtype=_I64), config.bos_id), (ae, m - 1, config.eos_id)):
+        if on:
+            r = at_offset - first_offset
+            hit = np.flatnonzero((r >= 0) & (r < widths))
+            tokens[heads[hit] + r[hit]] = cast(int, token)
+            after[b == at_offset] = cast(int, token)
+
+    labels[:-1] = tokens[1:]                                    # the label of position j: the token at offset + 1
+    labels[seg[1:] - 1] = after
+    if config.mode in STREAM_MODES:
+        first, last = a, np.minimum(b, m - 1)
+    else:
+        first, last = np.where(a > 0, a + max(0, config.stride - 1), 0), b - 1
+    # Trained: first <= offset < last, i.e. lead <= rel < tail; the rest of a piece is a head and a tail run.
+    lead = np.minimum(np.maximum(first - first_offset, 0), widths)
+    tail = np.maximum(np.minimum(last - first_offset, widths), lead)
+    cut = widths - tail
+    if int(lead.max()) == 0 and int(cut.max()) <= 1:     # stream modes: at most a piece's last position is masked
+        labels[(heads + tail)[cut > 0]] = IGNORE
+    else:
+        labels[_ranges(np.concatenate((heads, heads + tail)), np.concatenate((lead, cut)))] = IGNORE
+    if inserts:
+        at = heads[bos > 0]
+        tokens[at] = cast(int, config.bos_id)
+        offset[at] = NO_OFFSET
+    out_docs[:] = np.repeat(docs, widths)
+    if not full:
+        if B == 1:      # one row (``materialize``): its positions are the row's first T
+            for name, values in zip(BATCH_FIELDS, fields):
+                out[name][0, :T] = values
+        else:
+            dest = np.flatnonzero(_arange(L) < totals[:, None])
+            for name, values in zip(BATCH_FIELDS, fields):
+                out[name].reshape(-1)[dest] = values
+    if segments:
+        return _with_segments(out, heads, widths) if full else _with_segments(out)
+    return out
+
+
+def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], config: PackingConfig, source: TokenSource,
+                      doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None, *,
+                      segments: bool = False) -> dict[str, np.ndarray]:
+    """Samples ``indices`` of ``plan`` (``-1``: the padding sample) as int64 ``[len(indices), seq_len]`` arrays.
+
+    Equal, field for field, to stacking the reference's samples ``i`` (the
+    padding sample for ``-1``), in a number of numpy calls that does not
+    grow with the batch: one ``PackPlan.batch_pieces``, one ``doc_ids``
+    lookup of every piece's position, one ``fill_batch``. Keys:
+    ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,
+    ``token_offsets``; with ``segments``, also ``cu_seqlens`` and
+    ``max_seqlen`` (``fill_batch``).
+
+    Clauses: PACK-3, PACK-4, PACK-5, PACK-20 (and the plan's clauses through ``plan``).
+
+    >>> from impl.packing import pack_plan
+    >>> docs = TokenSource.from_documents([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]])
+    >>> rows = materialize_batch(pack_plan([3, 6, 1], PackingConfig(seq_len=4)), [1, 0, -1], PackingConfig(seq_len=4), docs)
+    >>> rows["input_ids"].tolist(), rows["labels"][1].tolist()
+    ([[5, 6, 7, 8], [1, 2, 3, 4], [0, 0, 0, 0]], [2, 3, -100, 5])
+    """
+    _check_plan(plan, config)
+    counts, pos, start, stop = plan.batch_pieces(indices)
+    if not len(pos) or doc_ids is None:
+        docs = pos
+    elif callable(doc_ids):
+        docs = np.asarray(doc_ids(pos), dtype=_I64)
+    else:
+        docs = np.asarray(doc_ids)[pos]
+    return fill_batch(counts, docs, start, stop, config, source, segments=segments)

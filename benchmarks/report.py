@@ -49,9 +49,9 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
     by = {r.name: r for r in rows}
     size = info.get("size", "?")
     lines = [f"# loadspec benchmarks — corpus {size}", ""]
-    lines += [f"Machine `{info.get('machine_name')}`: {m.get('cpu')}, nproc {m.get('nproc')}, RAM {m.get('ram_gib')} "
+    lines += [(f"Machine `{info.get('machine_name')}`: {m.get('cpu')}, nproc {m.get('nproc')}, RAM {m.get('ram_gib')} "
               f"GiB (page cache at start {m.get('page_cache_gib')} GiB), {m.get('platform')}; Python {info.get('python')}; "
-              f"run {data.get('datetime', '?')}.", ""]
+              f"run {data.get('datetime', '?')}."), ""]
     versions = info.get("versions") or {}
     lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".", ""]
     resident = (info.get("page_cache_resident") or {}).get("store_at_start")
@@ -60,9 +60,9 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
               "warm." if resident is not None else "Page cache: store residency unknown (fincore missing or the "
               "corpus was generated during the run); timed benchmarks run after a warmup round (warm).", ""]
     c = info.get("corpus") or {}
-    lines += [f"Corpus: log-normal document lengths (median {c.get('median_tokens')} tokens, sigma {c.get('sigma')}, "
+    lines += [(f"Corpus: log-normal document lengths (median {c.get('median_tokens')} tokens, sigma {c.get('sigma')}, "
               f"clipped to {c.get('clip')}), KJV token ids, EOS-terminated; seed {c.get('seed')}. Times are medians "
-              "of the rounds.", ""]
+              "of the rounds."), ""]
 
     lines += ["## Targets", ""]
     lines += _table(["target", "measured", "note", "met"],
@@ -122,11 +122,11 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
                          _rate(r.items_per_s, "/s"), _rate(r.tokens_per_s, " tok/s"),
                          f"{frac:.1%}" if frac is not None else "–"])
         lines += ["## Iteration throughput", "",
-                  "impl: packed seq_len=2048 samples, batch 8; raw: the same token runs copied out of the mapped "
+                  ("impl: packed seq_len=2048 samples, batch 8; raw: the same token runs copied out of the mapped "
                   "files (the limit); floor: those copies into int64 plus one write of each of the other three "
                   "int64 fields, nothing computed (the output's memory traffic: no loader producing the four "
                   "int64 fields can beat it); peers: documents, batch 32 (they do not pack). Fraction = "
-                  "tokens/s over raw (same shuffle).", ""]
+                  "tokens/s over raw (same shuffle)."), ""]
         lines += _table(["loader", "shuffle", "workers", "items", "items/s", "tokens/s", "of raw"], body)
     section("Packing modes", "packing", ["mode", "utilisation", "corpus tokens used", "samples/epoch", "samples/s",
                                          "tokens/s"],

@@ -122,7 +122,7 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
             logits = ddp(batch["input_ids"])
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
             optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()
             optimizer.step()
             reduced = loss.detach().clone()
             dist.all_reduce(reduced)

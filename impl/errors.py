@@ -30,22 +30,22 @@ from reference.errors import (
 )
 
 __all__ = [
-    "LoadspecError",
+    "REBUILD_HINT",
     "ConfigError",
-    "SplitError",
-    "TopologyError",
-    "StateError",
     "EmptyDataError",
-    "require",
-    "is_int",
-    "is_integer",
+    "LoadspecError",
+    "SourceError",
+    "SplitError",
+    "StateError",
+    "StoreCorruptError",
     "StoreError",
     "StoreNotFoundError",
-    "StoreCorruptError",
     "StoreVersionError",
     "TokenizerError",
-    "SourceError",
-    "REBUILD_HINT",
+    "TopologyError",
+    "is_int",
+    "is_integer",
+    "require",
 ]
 
 def is_integer(value: object) -> bool:

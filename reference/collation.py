@@ -192,9 +192,19 @@ def collate_samples(samples: Sequence[Mapping[str, Sequence[int]]], *, pad_id: i
         require(len(set(lengths.values())) == 1, ConfigError,
                 f"samples[{s}] has fields of different lengths {lengths}; every field of a sample needs one entry per token")
     out = {name: pad_stack_1d([sample[name] for sample in samples],
-                              pad_id if FIELD_PADDING[name] is None else FIELD_PADDING[name],
+                              _field_padding(name, pad_id),
                               pad_to_multiple_of=pad_to_multiple_of)
            for name in fields}
     out["attention_mask"] = attention_mask([len(sample["input_ids"]) for sample in samples],
                                            total=len(out["input_ids"][0]))
     return out
+
+
+def _field_padding(name: str, pad_id: int | None) -> int:
+    """The padding value of field ``name``: its fixed one, else ``pad_id`` (required for such fields)."""
+    fixed = FIELD_PADDING[name]
+    if fixed is not None:
+        return fixed
+    require(pad_id is not None, ConfigError, f"field {name!r} pads with pad_id, but pad_id is None; pass pad_id=<id>")
+    assert pad_id is not None
+    return pad_id

@@ -34,12 +34,13 @@ Worked example (round robin over sizes [1, 3])::
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 from reference.errors import ConfigError, StateError, is_int, require
 from reference.rng import MASK64, FeistelPermutation, Stream, derive_key, subkey, unit
@@ -54,7 +55,8 @@ Item = tuple[int, int]
 
 
 def _is_weight(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return isinstance(value, (int, float, numbers.Real)) and not isinstance(value, bool) and math.isfinite(value) \
+        and float(value) >= 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -226,6 +228,9 @@ def _step_weights(state: MixState, sizes: tuple[int, ...], config: MixConfig, we
     """The raw weights of step ``state.step``: ``weight_fn``'s if given, else the config's (MIX-4, MIX-5)."""
     t, k = state.step, len(sizes)
     if weight_fn is None:
+        require(config.weights is not None, ConfigError,
+                "the mixture has neither weights nor a weight_fn; pass weights=(...) or weight_fn=...")
+        assert config.weights is not None
         require(len(config.weights) == k, ConfigError,
                 f"weights has {len(config.weights)} entries but there are {k} sources; pass one weight per source")
         return list(config.weights)
@@ -351,7 +356,7 @@ def next_item(state: MixState, source_sizes: Sequence[int], config: MixConfig, e
     return (s, start), replace(after, done=_ended(after, config.stopping))
 
 
-def _set(values: tuple, index: int, value) -> tuple:
+def _set(values: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
     return values[:index] + (value,) + values[index + 1:]
 
 
@@ -437,7 +442,7 @@ def _apportion(total: int, shares: Sequence[Fraction]) -> list[int]:
     for share in shares:
         running += share
         bounds.append(round(running * total / whole))
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    return [b - a for a, b in itertools.pairwise(bounds)]
 
 
 def stream_counts(source_sizes: Sequence[int], streams: Sequence[StreamConfig], epoch_size: int | None = None) -> list[int]:

@@ -38,7 +38,7 @@ from reference.errors import ConfigError, SplitError, StateError, TopologyError,
 from reference.mixing import MixConfig, StreamConfig, WeightFn, mix, mix_streams
 from reference.ordering import OrderingConfig, epoch_order
 from reference.packing import IGNORE, PackingConfig, Sample, pack
-from reference.partition import PADDING, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
+from reference.partition import PADDING, End, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
 from reference.splits import Bound, parse_bounds, resolve_bound, resolve_slice, split_corpus
 
 STATE_FORMAT = "loadspec.state"
@@ -117,7 +117,7 @@ class Topology:
                 f"rank={self.rank} must lie in [0, world_size={self.world_size})")
         require(self.num_workers >= 0, TopologyError, f"num_workers={self.num_workers} must be >= 0")
 
-    def partition(self, end: str) -> PartitionConfig:
+    def partition(self, end: End) -> PartitionConfig:
         return PartitionConfig(world_size=self.world_size, batch_size=self.batch_size,
                                replication=self.replication, end=end)
 
@@ -512,7 +512,8 @@ def take(loader: Loader, n: int) -> list[Any]:
 def checkpoint_after(loader: Loader, k: int) -> dict[str, Any]:
     """Consume ``k`` batches and return the state, round-tripped through JSON (RES-2)."""
     take(loader, k)
-    return json.loads(json.dumps(loader.state_dict()))
+    state: dict[str, Any] = json.loads(json.dumps(loader.state_dict()))
+    return state
 
 
 def resume_mismatch(make_loader: Callable[[], Loader], positions: Iterable[int], horizon: int) -> tuple[int, int] | None:
@@ -555,7 +556,7 @@ def global_steps(corpus: Corpus, config: PipelineConfig, epoch: int, topologies:
             if any(b is None for b in step):
                 require(all(b is None for b in step), StateError, "ranks disagree on the number of steps")
                 break
-            batches.extend(step)
+            batches.extend(b for b in step if b is not None)
             taken += 1
         state = loaders[0].state_dict()
         if state["epoch"] != epoch:

@@ -28,6 +28,7 @@ Worked example (n = 999, HF's documented case)::
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -117,6 +118,7 @@ def resolve_bound(bound: Bound, n: int, *, default: int = 0) -> int:
         match = _PERCENT_RE.fullmatch(bound)
         require(match is not None, SplitError,
                 f"bound={bound!r} is not a percent \"NN%\"/\"NN.N%\" (e.g. \"10%\" or \"-12.5%\"); pass an int for a row index")
+        assert match is not None
         percent = Fraction(match[2])
         require(percent <= 100, SplitError, f"bound={bound!r} is a percent outside [-100%, 100%]; pass at most 100%")
         count = round(percent * n / 100)
@@ -179,6 +181,7 @@ def parse_split(spec: str, n: int) -> SplitSpec:
     require(isinstance(spec, str), SplitError, f"split spec {spec!r} must be a string; {ACCEPTED_FORMS}")
     match = _SPEC_RE.fullmatch(spec)
     require(match is not None, SplitError, f"split spec {spec!r} is malformed; {ACCEPTED_FORMS}")
+    assert match is not None
     try:
         rows = resolve_slice(_parsed_bound(match["start"]), _parsed_bound(match["stop"]), n)
     except SplitError as exc:
@@ -187,8 +190,10 @@ def parse_split(spec: str, n: int) -> SplitSpec:
 
 
 def _exact_fraction(value: object, index: int) -> Fraction:
-    require((is_int(value) or isinstance(value, float)) and math.isfinite(value) and 0 <= value <= 1, SplitError,
-            f"fractions[{index}]={value!r} must be a number in [0, 1]")
+    ok = (isinstance(value, (int, float)) and (is_int(value) or isinstance(value, float))
+          and math.isfinite(value) and 0 <= value <= 1)
+    require(ok, SplitError, f"fractions[{index}]={value!r} must be a number in [0, 1]")
+    assert isinstance(value, (int, float))
     return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
 
 
@@ -225,7 +230,7 @@ def split_points(n: int, fractions: Sequence[float]) -> list[range]:
         cumulative += part
         bounds.append(min(round(cumulative * n), n))
     bounds.append(n)
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def parse_bounds(spec: str) -> tuple[str, int | str | None, int | str | None]:

@@ -7,6 +7,8 @@ another.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -159,7 +161,7 @@ def test_cu_seqlens_recovers_the_packed_document_lengths(doc_lengths, carried):
     for n in doc_lengths:
         expected.append(expected[-1] + n)
     assert_equal(boundaries, expected, clause="COLL-8", what="cu_seqlens", repro=repro)
-    check(all(a < b for a, b in zip(boundaries, boundaries[1:])), clause="COLL-8",
+    check(all(a < b for a, b in itertools.pairwise(boundaries)), clause="COLL-8",
           what="boundaries are not strictly increasing", repro=repro)
     assert_equal(boundaries[-1], len(position_ids), clause="COLL-8", what="last boundary", repro=repro)
 

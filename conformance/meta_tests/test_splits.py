@@ -8,6 +8,7 @@ the split notation they share.
 
 from __future__ import annotations
 
+import itertools
 from decimal import Decimal
 from fractions import Fraction
 
@@ -138,7 +139,7 @@ def test_first_and_last_p_percent_have_the_same_size_and_their_complements_tile(
 def test_ten_fold_percent_slices_tile_the_dataset(n):
     folds = [parse_split(f"train[{k}%:{k + 10}%]", n).rows for k in range(0, 100, 10)]
     assert_exactly_once([row for fold in folds for row in fold], range(n), clause="SPLIT-3", what="10 folds", repro={"n": n})
-    check(all(a.stop == b.start for a, b in zip(folds, folds[1:])), clause="SPLIT-3", what="folds are not contiguous",
+    check(all(a.stop == b.start for a, b in itertools.pairwise(folds)), clause="SPLIT-3", what="folds are not contiguous",
           repro={"n": n, "folds": folds})
 
 
@@ -264,7 +265,7 @@ def test_split_points_tile_the_dataset_with_sizes_within_one_of_the_fractions(n,
     parts = split_points(n, fractions)
     repro = {"n": n, "fractions": fractions}
     assert_equal(len(parts), len(fractions), clause="SPLIT-7", what="number of parts", repro=repro)
-    check(parts[0].start == 0 and parts[-1].stop == n and all(a.stop == b.start for a, b in zip(parts, parts[1:])),
+    check(parts[0].start == 0 and parts[-1].stop == n and all(a.stop == b.start for a, b in itertools.pairwise(parts)),
           clause="SPLIT-7", what=f"parts {parts} do not tile [0, {n}) contiguously", repro=repro)
     check(all(p.step == 1 and p.start <= p.stop for p in parts), clause="SPLIT-7", what=f"parts {parts} are not ranges", repro=repro)
     for part, fraction in zip(parts, fractions):

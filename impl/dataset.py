@@ -64,7 +64,7 @@ import os
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -79,9 +79,9 @@ from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, 
 from impl.partition import SampleKey, padding_rows
 from impl.splits import SplitStore, split_pipeline
 from impl.store import META_FILE, TokenStore
-from reference.ordering import OrderingConfig
-from reference.packing import MODES, STREAM_MODES, PackingConfig
-from reference.partition import PADDING
+from reference.ordering import Kind, OrderingConfig
+from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
+from reference.partition import PADDING, End
 from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens"]
@@ -111,7 +111,7 @@ _PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_con
                   "min_len")
 
 
-def _open_store(store: TokenStore | SplitStore | str | os.PathLike) -> TokenStore | SplitStore:
+def _open_store(store: TokenStore | SplitStore | str | os.PathLike[str]) -> TokenStore | SplitStore:
     if isinstance(store, (TokenStore, SplitStore)):
         return store
     require(isinstance(store, (str, os.PathLike)), ConfigError,
@@ -132,7 +132,7 @@ def _writable_dir(path: Path) -> bool:
     return os.access(path, os.W_OK | os.X_OK)
 
 
-class PackedDataset(Dataset):
+class PackedDataset(Dataset[dict[str, Any]]):
     """Samples of ``seq_len`` tokens from a :class:`~impl.store.TokenStore`, equal to the reference pipeline's.
 
     ``packing``: ``concat`` | ``chunk`` | ``greedy`` | ``first_fit`` |
@@ -163,13 +163,13 @@ class PackedDataset(Dataset):
 
     # ------------------------------------------------------------ construction
 
-    def __init__(self, store: TokenStore | str | os.PathLike, *, seq_len: int, packing: str = "concat",
+    def __init__(self, store: TokenStore | SplitStore | str | os.PathLike[str], *, seq_len: int, packing: str = "concat",
                  shuffle: str = "none", window: int = 1024, seed: int = 0, pack_window: int = 1000,
                  overflow: str = "split", stride: int = 0, bos_on_continuation: bool = False, add_bos: bool = False,
                  add_eos: bool = False, min_len: int = 0, pad_id: int | None = None,
-                 cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0, end: str = "drop_last",
+                 cache_dir: str | os.PathLike[str] | None | bool = None, epoch: int = 0, end: str = "drop_last",
                  split: str | tuple[Any, Any] | None = None) -> None:
-        store = _open_store(store)
+        opened = _open_store(store)
         for name, value in (("seq_len", seq_len), ("seed", seed), ("window", window), ("pack_window", pack_window),
                             ("stride", stride), ("min_len", min_len), ("epoch", epoch)):
             _check_bounded(name, value)
@@ -183,27 +183,28 @@ class PackedDataset(Dataset):
                 f"shuffle={shuffle!r} is not a shuffle; choose one of none, global, window")
         require(is_integer(pack_window) and pack_window >= 1, ConfigError,
                 f"pack_window={pack_window!r} must be an integer >= 1 (documents per bin-packing window)")
-        for name, wanted, ident, token in (("add_bos", add_bos, store.bos_id, "BOS"),
-                                           ("bos_on_continuation", bos_on_continuation, store.bos_id, "BOS"),
-                                           ("add_eos", add_eos, store.eos_id, "EOS")):
+        for name, wanted, ident, token in (("add_bos", add_bos, opened.bos_id, "BOS"),
+                                           ("bos_on_continuation", bos_on_continuation, opened.bos_id, "BOS"),
+                                           ("add_eos", add_eos, opened.eos_id, "EOS")):
             require(wanted is not True or ident is not None, ConfigError,
-                    f"{name}=True but the store at {store.path} has no {token.lower()}_id (its tokenizer defines no "
+                    f"{name}=True but the store at {opened.path} has no {token.lower()}_id (its tokenizer defines no "
                     f"{token} token); set {name}=False, or rebuild the store with a tokenizer that has a {token} token")
         if pad_id is None:
-            pad_id = next((i for i in (store.pad_id, store.eos_id) if i is not None), 0)
+            pad_id = next((i for i in (opened.pad_id, opened.eos_id) if i is not None), 0)
         config = PipelineConfig(
-            packing=PackingConfig(seq_len=seq_len, mode=packing, window=pack_window, overflow=overflow, stride=stride,
+            packing=PackingConfig(seq_len=seq_len, mode=cast(Mode, packing), window=pack_window,
+                                  overflow=cast(Overflow, overflow), stride=stride,
                                   bos_on_continuation=bos_on_continuation, add_bos=add_bos, add_eos=add_eos,
-                                  bos_id=store.bos_id, eos_id=store.eos_id, pad_id=pad_id, min_len=min_len),
-            ordering=OrderingConfig(kind=SHUFFLES[shuffle], seed=seed, window=window),
-            end=end,
+                                  bos_id=opened.bos_id, eos_id=opened.eos_id, pad_id=pad_id, min_len=min_len),
+            ordering=OrderingConfig(kind=cast(Kind, SHUFFLES[shuffle]), seed=seed, window=window),
+            end=cast(End, end),
             split=split,
         )
-        self._setup(store, config, cache_dir, epoch)
+        self._setup(opened, config, cache_dir, epoch)
 
     @classmethod
-    def from_config(cls, store: TokenStore | str | os.PathLike, config: PipelineConfig, *,
-                    cache_dir: str | os.PathLike | None | bool = None, epoch: int = 0) -> PackedDataset:
+    def from_config(cls, store: TokenStore | SplitStore | str | os.PathLike[str], config: PipelineConfig, *,
+                    cache_dir: str | os.PathLike[str] | None | bool = None, epoch: int = 0) -> PackedDataset:
         """The dataset of an explicit ``reference.resume.PipelineConfig`` (its BOS/EOS/pad ids used as given).
 
         Why: the conformance kit and resume checks state pipelines as
@@ -217,7 +218,7 @@ class PackedDataset(Dataset):
         self._setup(_open_store(store), config, cache_dir, epoch)
         return self
 
-    def _setup(self, store: TokenStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
+    def _setup(self, store: TokenStore | SplitStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
         """Everything construction does, none of it reading a token file (sizes come from ``meta.json``).
 
         Why: a fresh process (a resume, a DataLoader worker) pays for a
@@ -513,7 +514,7 @@ class PackedDataset(Dataset):
         for name, arr in zip(fields, arrays):
             layout.append([name, at, len(arr)])
             at += len(arr)
-        blocks = [zlib.crc32(flat[i:i + PLAN_BLOCK]) for i in range(0, len(flat), PLAN_BLOCK)]
+        blocks = [zlib.crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)]
         meta = dict(self._sidecar_expected(epoch), fields=layout, npy_bytes=len(data), values=len(flat),
                     block_crc32=blocks, epoch=self._plan_epoch(epoch), store_fingerprint=self.store.fingerprint,
                     config=self.config.to_json())
@@ -655,6 +656,7 @@ class PackedDataset(Dataset):
         p = self.config.packing
         real = indices != PADDING
         groups = _distinct(epochs[real])
+        out: dict[str, Any]
         if len(groups) <= 1:
             if groups:
                 epoch = groups[0]
@@ -668,7 +670,8 @@ class PackedDataset(Dataset):
                 part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch))
                 for name in FIELDS:
                     out[name][rows] = part[name]
-        cu, max_seqlen = out.pop("cu_seqlens", None), out.pop("max_seqlen", None)
+        cu: Any = out.pop("cu_seqlens", None)
+        max_seqlen: Any = out.pop("max_seqlen", None)
         if cu is None:
             cu, max_seqlen = batch_cu_seqlens(out["position_ids"])
         out["epoch"] = np.array(epochs, dtype=np.int64)
@@ -691,7 +694,7 @@ class PackedDataset(Dataset):
         resolved = self._resolve_many(keys)
         if resolved is None:   # a key beyond int64: stack the rows one by one
             rows = [self.sample(*self._resolve(k)) for k in keys]
-            out = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
+            out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
             out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
             return out
         return self._rows(*resolved)
@@ -752,7 +755,7 @@ class _BlockCheck:
     """A cached plan's :data:`impl.packing.Verifier`: CRC-32 of each ``PLAN_BLOCK``-value block, on its first read.
 
     >>> flat = np.arange(3 * PLAN_BLOCK, dtype=np.int64)
-    >>> check = _BlockCheck(flat, {"cum": 0}, [zlib.crc32(flat[i:i + PLAN_BLOCK]) for i in range(0, len(flat), PLAN_BLOCK)])
+    >>> check = _BlockCheck(flat, {"cum": 0}, [zlib.crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)])
     >>> check("cum", 5, PLAN_BLOCK); check.ok.tolist()     # values 5 .. PLAN_BLOCK: blocks 0 and 1
     [True, True, False]
     """
@@ -776,7 +779,7 @@ class _BlockCheck:
         for b in range(b0, b1 + 1):
             if self.ok[b]:
                 continue
-            if zlib.crc32(self.flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK]) != self.crcs[b]:
+            if zlib.crc32(self.flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK].data) != self.crcs[b]:
                 raise PlanCorruptError(f"block {b} of a cached plan failed its CRC-32")
             self.ok[b] = True
 
@@ -795,7 +798,7 @@ def _distinct(values: np.ndarray) -> list[int]:
     first = int(values[0])
     if not (values != first).any():
         return [first]
-    return np.unique(values).tolist()
+    return [int(v) for v in np.unique(values)]
 
 
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:

@@ -139,6 +139,10 @@ class SplitStore:
         return self.base.eos_id  # type: ignore[no-any-return]
 
     @property
+    def vocab_size(self) -> int:
+        return int(self.base.vocab_size)
+
+    @property
     def pad_id(self) -> int | None:
         return self.base.pad_id  # type: ignore[no-any-return]
 

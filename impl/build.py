@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import datetime
+import errno
 import hashlib
 import itertools
 import json
 import math
 import multiprocessing
 import os
+import re
 import shutil
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +33,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
+from impl._atomic import atomic_write_json, exchange_dirs, file_lock, fsync_dir, lock_path_for
 from impl.encoding import Encoder, TokenizerInfo, resolve_tokenizer
-from impl.errors import ConfigError, EmptyDataError, StoreError, TokenizerError
+from impl.errors import (
+    ConfigError,
+    EmptyDataError,
+    LoadspecError,
+    StoreError,
+    TokenizerError,
+    UnsafeOutputError,
+)
 from impl.sources import Source, rechunk, resolve_source
 from impl.store import (
     BLOCK_BYTES,
@@ -51,9 +62,12 @@ from impl.store import (
     quick_signature,
 )
 
-__all__ = ["build_store", "store_from_token_files"]
+__all__ = ["build_store", "check_output_path", "store_from_token_files"]
 
 _UINT16_LIMIT = 1 << 16
+
+LOCK_TIMEOUT_S = 3600.0
+"""How long a build waits for another builder of the same out_dir (``LOADSPEC_LOCK_TIMEOUT_S`` overrides)."""
 
 
 # --------------------------------------------------------------------------- entry points
@@ -118,6 +132,7 @@ def build_store(
     )
     if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
         raise ConfigError(f"num_proc={num_proc!r}: must be None (all CPUs) or an integer >= 1")
+    check_output_path(out_dir, _source_paths(source))
     tok_json, tinfo = resolve_tokenizer(tokenizer)
     if add_eos and tinfo.eos_id is None:
         raise TokenizerError(
@@ -259,9 +274,8 @@ def _write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> Non
         metadata={"loadspec.format": FORMAT_NAME, "loadspec.format_version": str(FORMAT_VERSION)},
     )
     batch = pa.record_batch([arr], schema=schema)
-    with pa.OSFile(path, "wb") as sink:
-        with pa.ipc.new_file(sink, schema) as writer:
-            writer.write_batch(batch)
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -361,19 +375,106 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
     }
 
 
+_MARKER = ".loadspec-build"
+"""File a builder writes into its temporary directory first: only directories carrying it are ever cleaned up."""
+
+_STORE_ENTRY = re.compile(r"^(meta\.json|tokens-\d{5,}\.arrow|\.(meta\.json|\.loadspec-build)\..*\.tmp|\.loadspec-build)$")
+
+
+def _is_loadspec_store_dir(path: Path) -> bool:
+    """True when ``path`` holds a loadspec store's ``meta.json`` and nothing but store files (safe to replace)."""
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        names = [e.name for e in path.iterdir()]
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME and all(_STORE_ENTRY.match(n) for n in names)
+
+
+def _is_own_temp_dir(path: Path, out: Path) -> bool:
+    """A ``.<out>.tmp-*`` / ``.<out>.old-*`` directory this code created: it carries the marker or is a store."""
+    try:
+        info = json.loads((path / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return _is_loadspec_store_dir(path)
+    return isinstance(info, dict) and info.get("out") == out.name and all(
+        _STORE_ENTRY.match(e.name) for e in path.iterdir())
+
+
+def check_output_path(out_dir: str | os.PathLike[str], source_paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse an output path equal to, inside or containing a source path (a build must never touch its input).
+
+    >>> check_output_path("/data/store", ["/data/corpus"])   # siblings: fine
+    >>> check_output_path("/data/corpus/store", ["/data/corpus"])
+    Traceback (most recent call last):
+    ...
+    impl.errors.UnsafeOutputError: out_dir '/data/corpus/store' is inside the source '/data/corpus': ...
+    """
+    out = Path(os.path.realpath(os.fspath(out_dir)))
+    for sp in source_paths:
+        src = Path(os.path.realpath(os.fspath(sp)))
+        if out == src:
+            how = "is the source"
+        elif out.is_relative_to(src):
+            how = "is inside the source"
+        elif src.is_relative_to(out):
+            how = "contains the source"
+        else:
+            continue
+        raise UnsafeOutputError(
+            f"out_dir {os.fspath(out_dir)!r} {how} {os.fspath(sp)!r}: a build never writes over or next to "
+            "its own input; choose an out_dir outside the source (e.g. a sibling directory)"
+        )
+
+
+def _source_paths(source: Any) -> list[str | os.PathLike[str]]:
+    if isinstance(source, (str, os.PathLike)):
+        return [source]
+    if isinstance(source, (list, tuple)) and source and all(isinstance(p, os.PathLike) for p in source):
+        return list(source)
+    return []
+
+
 def _publish(out_dir: str | os.PathLike, build_key: str | None, overwrite: bool,
              produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
-    """Run ``produce(tmp_dir) -> meta`` under the out_dir lock and rename the result into place.
+    """Run ``produce(tmp_dir) -> meta`` under the out_dir lock and put the result in place atomically.
 
     The lock serialises builders of one ``out_dir``; the temporary sibling
-    directory (``.<name>.tmp-<pid>-<random>``) is never what ``open`` looks at,
-    and ``meta.json`` is written last, so a crash at any point leaves either no
-    store or the previous one. Leftovers of crashed builders are removed by the
-    next builder (it holds the lock, so none of them is still running).
+    directory (``.<name>.tmp-<pid>-<random>``, carrying a ``.loadspec-build``
+    marker) is never what ``open`` looks at, and ``meta.json`` is written last.
+    A new store is renamed into place; a replaced one is swapped with the new
+    one in a single ``renameat2(RENAME_EXCHANGE)`` (two renames where that is
+    unsupported), so readers of ``out_dir`` see the old store or the new one.
+    A crash leaves the previous state plus a marked temp dir, which the next
+    builder removes (it holds the lock, so its creator is gone); nothing
+    without the marker (or that is not a store) is ever removed. OS errors
+    (read-only directory, full disk) become :class:`StoreError` naming the
+    path, with no half-written store left.
     """
     out = Path(os.path.abspath(os.fspath(out_dir)))
+    try:
+        return _publish_locked(out, build_key, overwrite, produce)
+    except OSError as exc:
+        if isinstance(exc, (TimeoutError, LoadspecError)) or exc.errno is None:
+            raise
+        where = exc.filename or out
+        hint = {errno.ENOSPC: "free space on that filesystem or choose an out_dir on another one",
+                errno.EDQUOT: "free space within your quota or choose an out_dir on another filesystem",
+                errno.EFBIG: "the file size limit (ulimit -f) or the disk was reached: raise it or free space",
+                errno.EROFS: "the filesystem is read-only: choose a writable out_dir",
+                errno.EACCES: "you may not write there: choose a writable out_dir or fix its permissions",
+                errno.EPERM: "you may not write there: choose a writable out_dir or fix its permissions",
+                }.get(exc.errno or 0, "fix the cause or choose another out_dir")
+        raise StoreError(
+            f"building the store at {out} failed writing {os.fspath(where)!r}: {exc.strerror or exc} "
+            f"(errno {exc.errno}); no store was written there (any previous one is untouched): {hint}"
+        ) from exc
+
+
+def _publish_locked(out: Path, build_key: str | None, overwrite: bool,
+                    produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
     out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(lock_path_for(out)):
+    with file_lock(lock_path_for(out), timeout=_lock_timeout()):
         _remove_stale_temp_dirs(out)
         existing = _existing_store(out, build_key, overwrite)
         if existing is not None:
@@ -382,50 +483,76 @@ def _publish(out_dir: str | os.PathLike, build_key: str | None, overwrite: bool,
         tmp.mkdir()
         trash: Path | None = None
         try:
+            atomic_write_json(tmp / _MARKER, {"out": out.name, "pid": os.getpid(), "host": socket.gethostname()})
             meta = produce(tmp)
             atomic_write_json(tmp / META_FILE, meta)
             fsync_dir(tmp)
+            if out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
             if out.exists():
-                if out.is_dir() and not any(out.iterdir()):
-                    out.rmdir()
+                if exchange_dirs(tmp, out):
+                    trash = tmp  # now holds the old store
                 else:
                     trash = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
                     os.rename(out, trash)
-            os.rename(tmp, out)
+                    os.rename(tmp, out)
+            else:
+                os.rename(tmp, out)
             fsync_dir(out.parent)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if trash is None and _is_own_temp_dir(tmp, out):
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if trash is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(out / _MARKER)
+        if trash is not None and _is_loadspec_store_dir(trash):
             shutil.rmtree(trash, ignore_errors=True)
         return TokenStore.open(out)
 
 
+def _lock_timeout() -> float:
+    return float(os.environ.get("LOADSPEC_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
+
+
 def _remove_stale_temp_dirs(out: Path) -> None:
-    """Remove temp/old directories left by builders of ``out`` that crashed (caller holds the lock)."""
+    """Remove temp/old directories left by crashed builders of ``out`` (caller holds the lock).
+
+    Only directories this module made are removed: name ``.<out>.tmp-*`` or
+    ``.<out>.old-*`` *and* the builder's marker file or a store's contents.
+    A user's directory that happens to match the name is left alone.
+    """
     prefixes = (f".{out.name}.tmp-", f".{out.name}.old-")
     for entry in out.parent.iterdir():
-        if entry.name.startswith(prefixes) and entry.is_dir():
+        if entry.name.startswith(prefixes) and entry.is_dir() and not entry.is_symlink() \
+                and _is_own_temp_dir(entry, out):
             shutil.rmtree(entry, ignore_errors=True)
 
 
 def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenStore | None:
-    if not out.exists():
+    if not out.exists() and not out.is_symlink():
         return None
-    if not out.is_dir():
-        if overwrite:
-            raise StoreError(f"{out} is a file, not a store directory: remove it or choose another out_dir")
-        raise StoreError(f"{out} exists and is a file: choose another out_dir or remove it")
+    if not out.is_dir() or out.is_symlink():
+        raise UnsafeOutputError(
+            f"{out} exists and is {'a symlink' if out.is_symlink() else 'a file'}, not a token store directory; "
+            "loadspec never replaces it (overwrite=True only replaces a loadspec store): choose another out_dir"
+        )
     if not any(out.iterdir()):
         return None
+    if not _is_loadspec_store_dir(out):
+        shown = sorted(e.name for e in out.iterdir())[:5]
+        raise UnsafeOutputError(
+            f"{out} is a directory that is not a loadspec token store (it holds {shown}"
+            f"{'...' if len(list(out.iterdir())) > 5 else ''}); loadspec never replaces a directory it did not "
+            "create, with or without overwrite: choose another out_dir (e.g. a new subdirectory)"
+        )
     try:
         store = TokenStore.open(out)
     except StoreError as exc:
         if overwrite:
             return None
         raise StoreError(
-            f"{out} exists but is not a valid token store ({exc}); pass overwrite=True to replace it or choose "
-            "another out_dir"
+            f"{out} holds a token store that cannot be opened ({exc}); pass overwrite=True to replace that store "
+            "or choose another out_dir"
         ) from exc
     if build_key is not None and store.meta.get("build_key") == build_key and not overwrite:
         return store
@@ -435,7 +562,7 @@ def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenS
            if build_key is None else "it was built from a different source, tokenizer or options")
     raise StoreError(
         f"a token store already exists at {out} (fingerprint {store.fingerprint[:16]}...) and {why}: use "
-        "TokenStore.open to read it, pass overwrite=True to replace it, or choose another out_dir"
+        "TokenStore.open to read it, pass overwrite=True to replace that store, or choose another out_dir"
     )
 
 

@@ -46,6 +46,9 @@ __all__ = [
     "TokenizerError",
     "SourceError",
     "REBUILD_HINT",
+    "LockTimeoutError",
+    "UnsafeOutputError",
+    "UnguardedMainError",
 ]
 
 def is_integer(value: object) -> bool:
@@ -85,3 +88,18 @@ class TokenizerError(ConfigError):
 
 class SourceError(ConfigError):
     """A build source cannot be read as documents (missing path, unknown file kind, bad text field)."""
+
+
+class LockTimeoutError(StoreError, TimeoutError):
+    """A lock was not free within its timeout; the message names the holder (pid, host, since) and the fix.
+
+    Also a :class:`TimeoutError`, so code that waited with a timeout before keeps catching it.
+    """
+
+
+class UnsafeOutputError(StoreError):
+    """The output path would destroy or mix with something loadspec did not create (a user directory, the source)."""
+
+
+class UnguardedMainError(ConfigError):
+    """A build was started while a spawned child re-imported ``__main__``: the script lacks its ``__main__`` guard."""

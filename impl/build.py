@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ctypes
 import datetime
 import errno
 import hashlib
@@ -23,10 +24,13 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from impl.errors import (
     LoadspecError,
     StoreError,
     TokenizerError,
+    UnguardedMainError,
     UnsafeOutputError,
 )
 from impl.sources import Source, rechunk, resolve_source
@@ -109,20 +114,31 @@ def build_store(
     process). Ranges of ``docs_per_file`` documents (default
     :data:`DEFAULT_DOCS_PER_FILE`) become files ``tokens-NNNNN.arrow``; the
     output is identical for every ``num_proc``. When ``num_proc > 1`` the
-    calling script needs the usual ``if __name__ == "__main__":`` guard.
+    calling script needs the usual ``if __name__ == "__main__":`` guard;
+    without it the build fails at once (:class:`UnguardedMainError` in the
+    re-importing worker, :class:`StoreError` naming the guard in the parent)
+    instead of hanging. Workers exit with their parent (a killed build leaves
+    no process behind) and every wait on them is bounded
+    (:data:`WORKER_TIMEOUT_S`).
 
-    Concurrency: the whole build holds ``file_lock(out_dir + ".lock")`` and
+    Concurrency: the whole build holds ``file_lock(out_dir + ".lock")`` (waiting
+    at most :data:`LOCK_TIMEOUT_S`, then :class:`LockTimeoutError` naming the
+    holder's pid and host) and
     writes into a temporary sibling directory that is renamed into place
     only when complete (``meta.json`` last). If ``out_dir`` already holds a
     store built from the same source with the same tokenizer and options
     (e.g. by a concurrent builder), that store is returned; a different
-    store raises :class:`StoreError` unless ``overwrite=True``.
+    store raises :class:`StoreError` unless ``overwrite=True``. ``overwrite``
+    only ever replaces a loadspec store (or fills an empty directory): any
+    other directory, a file, or an ``out_dir`` equal to, inside or containing
+    a source path raises :class:`UnsafeOutputError` and nothing is deleted.
 
     Raises :class:`EmptyDataError` for a source with no documents (a
     source whose documents are all empty is stored: they are counted in
     ``num_empty_documents``), :class:`TokenizerError` if a needed special token is
     missing, :class:`SourceError`/:class:`ConfigError` for unreadable input.
     """
+    _refuse_unguarded_spawn()
     options = BuildOptions(
         text_field=text_field,
         add_bos=add_bos,
@@ -199,6 +215,7 @@ def store_from_token_files(
     loaders' job (EmptyDataError). Same lock/temp-dir/rename protocol and
     the same "return the identical existing store" rule as :meth:`build`.
     """
+    _refuse_unguarded_spawn()
     prepared: list[tuple[np.ndarray, np.ndarray]] = []
     digest = hashlib.sha256(b"loadspec-token-files-v1\0")
     max_id = -1
@@ -302,14 +319,47 @@ def _write_encoded(enc: Encoder, path: str, texts: Sequence[str],
 _WORKER_ENCODER: Encoder | None = None
 
 
-def _worker_init(tok_json: str, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int,
-                 threads: int) -> None:
+def _worker_init(tok_json_path: str, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int,
+                 threads: int, parent_pid: int | None = None) -> None:
+    # The tokenizer travels as a file path: spawn writes a child's arguments
+    # into a pipe before the child runs, and a multi-MB argument (GPT-2's JSON)
+    # blocks that write forever if the child dies first (e.g. an unguarded
+    # script), which is how a build used to hang.
     # Each worker is one of num_proc processes: cap the tokenizer's own thread
     # pool (read by rayon at first use) so processes x threads <= cores.
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     global _WORKER_ENCODER
+    tok_json = Path(tok_json_path).read_text(encoding="utf-8")
     _WORKER_ENCODER = Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=batch_size)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, *, poll_s: float = 1.0) -> None:
+    """Make this (worker) process exit when ``parent_pid`` dies, so a killed build leaves no workers behind.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (the kernel kills us with the
+    parent), re-checked against a parent that died before the call. Everywhere:
+    a daemon thread that exits the process once ``os.getppid()`` is no longer
+    ``parent_pid`` (the orphan was re-parented), within ``poll_s`` seconds.
+    """
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="loadspec-parent-watchdog", daemon=True).start()
 
 
 def _worker_write(path: str, texts: list[str]) -> dict[str, Any]:
@@ -378,7 +428,8 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
 _MARKER = ".loadspec-build"
 """File a builder writes into its temporary directory first: only directories carrying it are ever cleaned up."""
 
-_STORE_ENTRY = re.compile(r"^(meta\.json|tokens-\d{5,}\.arrow|\.(meta\.json|\.loadspec-build)\..*\.tmp|\.loadspec-build)$")
+_TOKENIZER_FILE = ".loadspec-build.tokenizer.json"
+_STORE_ENTRY = re.compile(r"^(meta\.json|tokens-\d{5,}\.arrow|\.(meta\.json|\.loadspec-build)\..*\.tmp|\.loadspec-build.*)$")
 
 
 def _is_loadspec_store_dir(path: Path) -> bool:
@@ -573,6 +624,24 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def _refuse_unguarded_spawn() -> None:
+    """Fail at once when called while a ``spawn`` child re-imports the parent's script.
+
+    Why: a script that calls ``TokenStore.build(..., num_proc=8)`` at top level,
+    without an ``if __name__ == "__main__":`` guard, runs that call again in
+    every spawned worker; the worker then waits forever on the lock its parent
+    holds. multiprocessing marks a child as "inheriting" until its bootstrap
+    (the re-import) is over, so a build started then is exactly this mistake.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
+        raise UnguardedMainError(
+            f"TokenStore.build was called while a spawned worker process was re-importing {main_file}: the "
+            "script builds at top level. Put the build under `if __name__ == \"__main__\":` (spawned worker "
+            "processes re-import the script), or build with num_proc=1"
+        )
+
+
 def _spawn_can_start() -> bool:
     """False when spawned children could not re-import ``__main__`` (e.g. ``python - < script``).
 
@@ -621,31 +690,85 @@ def _tokenize_into(tmp: Path, src: Source, tok_json: str, tinfo: TokenizerInfo, 
                 _on_file_written(tmp, rec)
         else:
             threads = max(1, _cpu_count() // wanted)
-            ctx = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(
-                max_workers=wanted, mp_context=ctx, initializer=_worker_init,
-                initargs=(tok_json, dtype, bos_id, eos_id, options.batch_size, threads),
-            ) as pool:
-                pending: collections.deque = collections.deque()
-                try:
-                    for index, texts in enumerate(ranges):
-                        pending.append((len(texts), pool.submit(_worker_write, str(tmp / FILE_TEMPLATE.format(index)), texts)))
-                        while len(pending) > wanted:
-                            n, fut = pending.popleft()
-                            records.append(fut.result())
-                            bar.update(n)
-                    while pending:
-                        n, fut = pending.popleft()
-                        records.append(fut.result())
-                        bar.update(n)
-                except BaseException:
-                    for _, fut in pending:
-                        fut.cancel()
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    raise
+            tok_file = tmp / _TOKENIZER_FILE
+            tok_file.write_text(tok_json, encoding="utf-8")
+            initargs = (str(tok_file), dtype, bos_id, eos_id, options.batch_size, threads, os.getpid())
+            try:
+                records = _run_pool(tmp, ranges, wanted, initargs, bar)
+            finally:
+                tok_file.unlink(missing_ok=True)
     finally:
         bar.close()
     return records
+
+
+WORKER_TIMEOUT_S = 3600.0
+"""Longest a build waits for one worker's file (``LOADSPEC_WORKER_TIMEOUT_S`` overrides): no wait is unbounded."""
+
+
+def _run_pool(tmp: Path, ranges: Iterator[list[str]], workers: int, initargs: tuple[Any, ...],
+              bar: Any) -> list[dict[str, Any]]:
+    """Tokenize ``ranges`` in ``workers`` spawned processes, at most ``workers`` files in flight, in order.
+
+    Every wait is bounded (:data:`WORKER_TIMEOUT_S` per file) and a worker
+    that dies (start-up failure, OOM kill) ends the build with a
+    :class:`StoreError` naming the likely cause and its fix; on any failure
+    the workers are killed, not joined, so a stuck worker cannot hang the
+    parent.
+    """
+    timeout = float(os.environ.get("LOADSPEC_WORKER_TIMEOUT_S", WORKER_TIMEOUT_S))
+    ctx = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                                  initargs=initargs)
+    records: list[dict[str, Any]] = []
+    pending: collections.deque[tuple[int, str, concurrent.futures.Future[dict[str, Any]]]] = collections.deque()
+
+    def collect() -> None:
+        n, name, fut = pending.popleft()
+        try:
+            records.append(fut.result(timeout=timeout))
+        except concurrent.futures.TimeoutError:
+            raise StoreError(
+                f"a build worker did not finish {name} ({n} documents) within {timeout:.0f} s; the build was "
+                "stopped: check the machine's load and memory, or raise LOADSPEC_WORKER_TIMEOUT_S"
+            ) from None
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            raise StoreError(
+                f"a build worker process died while writing {name} ({exc}). If your script calls "
+                "TokenStore.build at top level, put that call under `if __name__ == \"__main__\":` "
+                "(spawned workers re-import the script; its error is printed above); otherwise the worker "
+                "was killed (often out of memory): retry with a smaller num_proc, or num_proc=1"
+            ) from exc
+        bar.update(n)
+
+    ok = False
+    try:
+        for index, texts in enumerate(ranges):
+            name = FILE_TEMPLATE.format(index)
+            pending.append((len(texts), name, pool.submit(_worker_write, str(tmp / name), texts)))
+            while len(pending) > workers:
+                collect()
+        while pending:
+            collect()
+        ok = True
+    finally:
+        if ok:
+            pool.shutdown(wait=True)
+        else:
+            _kill_pool(pool)
+    return records
+
+
+def _kill_pool(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Stop a pool without waiting on its workers (a hung or dead worker must not hang the build)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.kill()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(10)
 
 
 class _NoBar:

@@ -145,3 +145,116 @@ def test_an_iterable_source_is_stored_in_full_including_its_last_partial_batch(t
     assert len(store) == len(docs)
     want = expected_tokens(tok, docs[-40:])
     assert [store[i].tolist() for i in range(len(docs) - 40, len(docs))] == want
+
+
+# --------------------------------------------------------------------------- no hangs
+
+
+def test_a_held_lock_times_out_with_an_error_naming_the_holders_pid_and_host(tmp_path, tok, monkeypatch):
+    import os
+    import socket
+
+    from impl._atomic import file_lock, lock_path_for
+    from impl.errors import LockTimeoutError
+
+    out = tmp_path / "store"
+    monkeypatch.setenv("LOADSPEC_LOCK_TIMEOUT_S", "0.3")
+    with file_lock(lock_path_for(out)), pytest.raises(LockTimeoutError, match="LOADSPEC_LOCK_TIMEOUT_S") as info:
+        TokenStore.build(["alpha"], tok, out, progress=False)
+    assert f"pid {os.getpid()}" in str(info.value) and socket.gethostname() in str(info.value)
+    assert isinstance(info.value, TimeoutError) and not out.exists()
+    assert len(TokenStore.build(["alpha"], tok, out, progress=False)) == 1
+
+
+UNGUARDED_SCRIPT = """
+import sys
+sys.path.insert(0, {repo!r})
+from impl.store import TokenStore
+docs = ["alpha beta gamma"] * 12
+TokenStore.build(docs, {tok!r}, {out!r}, num_proc=2, docs_per_file=3, progress=False)
+print("built")
+"""
+
+
+def test_a_top_level_build_without_a_main_guard_fails_at_once_naming_the_guard(tmp_path):
+    import subprocess
+    import sys
+
+    from fixtures import generators
+
+    repo = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT.format(repo=repo, tok=str(generators.tokenizer_path()),
+                                              out=str(tmp_path / "store")))
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode != 0 and "built" not in proc.stdout
+    assert "UnguardedMainError" in proc.stderr
+    assert 'if __name__ == "__main__":' in proc.stderr and "num_proc=1" in proc.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def _slow_worker_init(*args):
+    import os
+
+    from impl import build
+
+    build._worker_init(*args)
+    Path(os.environ["LOADSPEC_TEST_PIDS"], str(os.getpid())).write_text("")
+
+
+def _hanging_worker_write(path, texts):
+    import time
+
+    time.sleep(600)
+
+
+def _parent_of_hanging_workers(source_docs, tok_dir, out, pid_dir):
+    import os
+
+    from impl import build
+
+    os.environ["LOADSPEC_TEST_PIDS"] = pid_dir
+    build._worker_init = _slow_worker_init
+    build._worker_write = _hanging_worker_write
+    build.TokenStore.build(source_docs, tok_dir, out, num_proc=2, docs_per_file=2, progress=False)
+
+
+def test_build_workers_die_with_their_killed_parent(tmp_path):
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from fixtures import generators
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    parent = multiprocessing.get_context("spawn").Process(
+        target=_parent_of_hanging_workers,
+        args=(["alpha beta"] * 8, str(generators.tokenizer_path()), str(tmp_path / "store"), str(pid_dir)))
+    parent.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pid_dir.iterdir())) < 2 and time.monotonic() < deadline and parent.is_alive():
+            time.sleep(0.1)
+        workers = [int(p.name) for p in pid_dir.iterdir()]
+        assert len(workers) == 2, f"workers did not start (parent exit code {parent.exitcode})"
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.join(30)
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in workers if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == [], f"workers {left} outlived their killed parent"

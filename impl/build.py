@@ -291,8 +291,13 @@ def _write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> Non
         metadata={"loadspec.format": FORMAT_NAME, "loadspec.format_version": str(FORMAT_VERSION)},
     )
     batch = pa.record_batch([arr], schema=schema)
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        writer.write_batch(batch)
+    try:
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(batch)
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:  # arrow's errors name no file: add it
+            raise OSError(exc.errno, os.strerror(exc.errno), path) from exc
+        raise
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -459,7 +464,7 @@ def check_output_path(out_dir: str | os.PathLike[str], source_paths: Sequence[st
     >>> check_output_path("/data/corpus/store", ["/data/corpus"])
     Traceback (most recent call last):
     ...
-    impl.errors.UnsafeOutputError: out_dir '/data/corpus/store' is inside the source '/data/corpus': ...
+    impl.errors.UnsafeOutputError: out_dir '/data/corpus/store' is inside the source '/data/corpus': a build never writes over or next to its own input; choose an out_dir outside the source (e.g. a sibling directory)
     """
     out = Path(os.path.realpath(os.fspath(out_dir)))
     for sp in source_paths:

@@ -258,3 +258,24 @@ def test_build_workers_die_with_their_killed_parent(tmp_path):
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert left == [], f"workers {left} outlived their killed parent"
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@pytest.mark.parametrize("name", ["a.txt", "a.jsonl", "a.txt.gz", "a.jsonl.gz"])
+def test_a_utf8_byte_order_mark_is_dropped_from_the_first_document_only(tmp_path, tok, name):
+    import gzip
+
+    from impl.sources import resolve_source
+
+    if ".jsonl" in name:
+        body = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in ["alpha", "\ufeffbeta"])
+    else:
+        body = "alpha\n\ufeffbeta\n"
+    raw = b"\xef\xbb\xbf" + body.encode("utf-8")
+    (tmp_path / name).write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    texts = [t for batch in resolve_source(tmp_path / name).batches() for t in batch]
+    assert texts == ["alpha", "\ufeffbeta"]
+    store = TokenStore.build(tmp_path / name, tok, tmp_path / "store", progress=False)
+    assert store[0].tolist() == expected_tokens(tok, ["alpha"])[0]

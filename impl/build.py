@@ -23,7 +23,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
 import signal
 import socket
 import sys
@@ -98,7 +97,7 @@ def build_store(
     ``source``: a ``datasets.Dataset`` / ``IterableDataset``; a
     ``DatasetDict`` with ``split=``; a parquet, arrow (IPC file or stream),
     JSON Lines or txt (one document a line; ``\\n`` separated, a trailing
-    ``\\r`` dropped) file, or a directory of them (recursively, sorted by
+    ``\\r`` dropped; UTF-8, a leading byte order mark dropped) file, or a directory of them (recursively, sorted by
     relative path, hidden entries skipped); a ``save_to_disk`` directory; a
     ``load_dataset`` cache directory (with ``split=`` if it has several); a
     list of ``pathlib.Path`` files; or an iterable of strings (or of dicts
@@ -448,10 +447,20 @@ def _is_loadspec_store_dir(path: Path) -> bool:
 
 
 def _is_own_temp_dir(path: Path, out: Path) -> bool:
-    """A ``.<out>.tmp-*`` / ``.<out>.old-*`` directory this code created: it carries the marker or is a store."""
+    """A ``.<out>.tmp-*`` / ``.<out>.old-*`` directory this code created: it carries the marker or is a store.
+
+    So does one that is empty or holds only the marker's own temp file (a
+    builder killed between ``mkdir`` and the marker's rename leaves it).
+    """
     try:
         info = json.loads((path / _MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        try:
+            names = [e.name for e in path.iterdir()]
+        except OSError:
+            return False
+        if all(n.startswith(f".{_MARKER}.") and n.endswith(".tmp") for n in names):
+            return True  # empty, or killed while writing the marker
         return _is_loadspec_store_dir(path)
     return isinstance(info, dict) and info.get("out") == out.name and all(
         _STORE_ENTRY.match(e.name) for e in path.iterdir())
@@ -557,12 +566,12 @@ def _publish_locked(out: Path, build_key: str | None, overwrite: bool,
             fsync_dir(out.parent)
         except BaseException:
             if trash is None and _is_own_temp_dir(tmp, out):
-                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_own_dir(tmp, out)
             raise
         with contextlib.suppress(OSError):
             os.unlink(out / _MARKER)
-        if trash is not None and _is_loadspec_store_dir(trash):
-            shutil.rmtree(trash, ignore_errors=True)
+        if trash is not None and _is_own_temp_dir(trash, out):
+            _remove_own_dir(trash, out)
         return TokenStore.open(out)
 
 
@@ -581,7 +590,23 @@ def _remove_stale_temp_dirs(out: Path) -> None:
     for entry in out.parent.iterdir():
         if entry.name.startswith(prefixes) and entry.is_dir() and not entry.is_symlink() \
                 and _is_own_temp_dir(entry, out):
-            shutil.rmtree(entry, ignore_errors=True)
+            _remove_own_dir(entry, out)
+
+
+def _remove_own_dir(path: Path, out: Path) -> None:
+    """Delete a temp/old directory of ``out`` so that it stays recognisable until it is gone.
+
+    The marker is written first and deleted last: a builder killed half way
+    through leaves a directory the next builder still knows is its own.
+    """
+    with contextlib.suppress(OSError):
+        if not (path / _MARKER).exists():
+            atomic_write_json(path / _MARKER, {"out": out.name, "pid": os.getpid(), "host": socket.gethostname()})
+        for entry in path.iterdir():
+            if entry.name != _MARKER:
+                entry.unlink()
+        (path / _MARKER).unlink(missing_ok=True)
+        path.rmdir()
 
 
 def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenStore | None:

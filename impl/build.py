@@ -80,7 +80,7 @@ LOCK_TIMEOUT_S = 3600.0
 def build_store(
     source: Any,
     tokenizer: Any,
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     text_field: str = "text",
     num_proc: int | None = None,
@@ -193,7 +193,7 @@ def build_store(
 
 def store_from_token_files(
     files: Sequence[Sequence[Sequence[int]]],
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     vocab_size: int | None = None,
     eos_id: int | None = None,
@@ -500,7 +500,7 @@ def _source_paths(source: Any) -> list[str | os.PathLike[str]]:
     return []
 
 
-def _publish(out_dir: str | os.PathLike, build_key: str | None, overwrite: bool,
+def _publish(out_dir: str | os.PathLike[str], build_key: str | None, overwrite: bool,
              produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
     """Run ``produce(tmp_dir) -> meta`` under the out_dir lock and put the result in place atomically.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def _add_dataset_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch", type=_int_at_least(0), default=0)
 
 
-def _dataset(args: argparse.Namespace):
+def _dataset(args: argparse.Namespace) -> Any:
     from impl.dataset import PackedDataset
 
     return PackedDataset(args.store, seq_len=args.seq_len, packing=args.packing, shuffle=args.shuffle,
@@ -79,7 +80,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(sample: dict[str, Any], decode) -> str:
+def _render(sample: dict[str, Any], decode: Callable[[int], Any]) -> str:
     """Tokens with ⟦doc d @offset⟧ at every segment start, labels masked (-100) shown as ‹…›, padding as ·."""
     out = []
     ids, labels, docs, offsets, pos = (sample[k].tolist() for k in ("input_ids", "labels", "doc_ids", "token_offsets",

@@ -490,7 +490,7 @@ def resolve_source(source: Any, *, text_field: str = "text", split: str | None =
     def gen() -> Iterator[list[str]]:
         count = 0
         for items in _batched(iter(source), _TEXT_BATCH):
-            texts = []
+            texts: list[Any] = []
             for item in items:
                 if isinstance(item, Mapping):
                     if text_field not in item:

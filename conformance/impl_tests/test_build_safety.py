@@ -139,9 +139,11 @@ def test_stale_cleanup_removes_only_marked_temp_dirs_never_a_user_directory_with
     assert not stale.exists()
 
 
-def test_an_iterable_source_is_stored_in_full_including_its_last_partial_batch(tmp_path, tok):
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_an_iterable_source_is_stored_in_full_including_its_last_partial_batch(tmp_path, tok, num_proc):
     docs = make_docs(8192 + 37, seed=3)  # one full internal text batch (8192) plus a partial one
-    store = TokenStore.build(iter(docs), tok, tmp_path / "store", docs_per_file=3000, num_proc=1, progress=False)
+    store = TokenStore.build(iter(docs), tok, tmp_path / "store", docs_per_file=3000, num_proc=num_proc,
+                             progress=False)
     assert len(store) == len(docs)
     want = expected_tokens(tok, docs[-40:])
     assert [store[i].tolist() for i in range(len(docs) - 40, len(docs))] == want

@@ -265,6 +265,21 @@ def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
         )
 
 
+def _first_bad_utf8_line(path: Path) -> str:
+    """``":<line>"`` of the first line that is not UTF-8 (read again only after a decode error), or ``""``."""
+    try:
+        opener = gzip.open if path.name.lower().endswith(".gz") else open
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return f":{lineno}"
+    except (OSError, EOFError, zlib.error):
+        pass
+    return ""
+
+
 def _file_stats_fingerprint(kind: str, files: Sequence[Path], extra: Any = None) -> str:
     rows = []
     for p in files:
@@ -281,8 +296,8 @@ def _files_source(kind: str, files: list[Path], text_field: str, description: An
                 yield from _iter_file(p, text_field)
             except UnicodeDecodeError as exc:
                 raise SourceError(
-                    f"{p}: not valid UTF-8 (byte {exc.object[exc.start:exc.start + 1]!r} in a chunk at offset "
-                    f"{exc.start}: {exc.reason}): re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+                    f"{p}{_first_bad_utf8_line(p)}: not valid UTF-8 (byte {exc.object[exc.start:exc.start + 1]!r}: "
+                    f"{exc.reason}): re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
                 ) from exc
             except (zlib.error, EOFError, gzip.BadGzipFile) as exc:
                 raise SourceError(

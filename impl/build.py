@@ -612,7 +612,17 @@ def _remove_own_dir(path: Path, out: Path) -> None:
 def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenStore | None:
     if not out.exists() and not out.is_symlink():
         return None
+    if out.is_symlink() and out.is_dir() and _is_loadspec_store_dir(out) and not overwrite:
+        with contextlib.suppress(StoreError):
+            linked = TokenStore.open(out)
+            if build_key is not None and linked.meta.get("build_key") == build_key:
+                return linked  # the same store, reached through a link: nothing to replace
     if not out.is_dir() or out.is_symlink():
+        if out.is_symlink():
+            raise UnsafeOutputError(
+                f"{out} is a symlink (to {os.path.realpath(out)!r}); loadspec never builds into or replaces a "
+                "link: pass the directory it points to as out_dir, or choose another out_dir"
+            )
         raise UnsafeOutputError(
             f"{out} exists and is {'a symlink' if out.is_symlink() else 'a file'}, not a token store directory; "
             "loadspec never replaces it (overwrite=True only replaces a loadspec store): choose another out_dir"

@@ -281,3 +281,14 @@ def test_a_utf8_byte_order_mark_is_dropped_from_the_first_document_only(tmp_path
     assert texts == ["alpha", "\ufeffbeta"]
     store = TokenStore.build(tmp_path / name, tok, tmp_path / "store", progress=False)
     assert store[0].tolist() == expected_tokens(tok, ["alpha"])[0]
+
+
+def test_a_symlinked_out_dir_returns_the_same_store_but_is_never_replaced(tmp_path, tok):
+    real = tmp_path / "real"
+    store = TokenStore.build(["alpha beta"], tok, real, progress=False)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert TokenStore.build(["alpha beta"], tok, link, progress=False).fingerprint == store.fingerprint
+    with pytest.raises(UnsafeOutputError, match="is a symlink.*pass the directory it points to"):
+        TokenStore.build(["gamma"], tok, link, overwrite=True, progress=False)
+    assert link.is_symlink() and TokenStore.open(real).fingerprint == store.fingerprint

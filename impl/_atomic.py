@@ -24,10 +24,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
 import os
+import socket
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,12 +39,13 @@ from pathlib import Path
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
+    "exchange_dirs",
     "file_lock",
     "fsync_dir",
     "lock_path_for",
 ]
 
-PathLike = str | os.PathLike
+PathLike = str | os.PathLike[str]
 
 
 def fsync_dir(path: PathLike) -> None:
@@ -96,12 +100,37 @@ def lock_path_for(path: PathLike) -> str:
     return os.fspath(path).rstrip(os.sep) + ".lock"
 
 
+DEFAULT_LOCK_TIMEOUT_S = float(os.environ.get("LOADSPEC_LOCK_TIMEOUT_S", "3600"))
+"""How long :func:`file_lock` waits by default (``LOADSPEC_LOCK_TIMEOUT_S`` overrides): no wait is unbounded."""
+
+
+def _holder_of(fd: int) -> str:
+    """What the current holder wrote into the lock file (pid, host, since), for the timeout message."""
+    try:
+        raw = os.pread(fd, 4096, 0)
+        info = json.loads(raw.decode("utf-8")) if raw.strip() else None
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict):
+        return "an unknown process (the lock file names no holder)"
+    return f"pid {info.get('pid')} on host {info.get('host')!r} (since {info.get('since')})"
+
+
+def _record_holder(fd: int) -> None:
+    info = {"pid": os.getpid(), "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    with contextlib.suppress(OSError):
+        data = json.dumps(info).encode("utf-8")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+
+
 @contextlib.contextmanager
 def file_lock(
     lock_path: PathLike,
     *,
     shared: bool = False,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
     poll_interval: float = 0.05,
 ) -> Iterator[str]:
     """Hold an ``fcntl.flock`` on ``lock_path`` (created if missing) for the ``with`` body.
@@ -109,9 +138,12 @@ def file_lock(
     ``lock_path`` is the lock file itself (use :func:`lock_path_for` to derive
     ``<artefact>.lock``); the artefact is never locked directly, so it can be
     replaced by rename while locked. ``shared=True`` takes a reader lock.
-    ``timeout=None`` waits forever; otherwise :class:`TimeoutError` is raised
-    after ``timeout`` seconds. Not re-entrant across separate ``open`` calls in
-    one process: do not nest two locks on the same file.
+    An exclusive holder writes ``{"pid", "host", "since"}`` into the lock file,
+    so a waiter that gives up after ``timeout`` seconds raises
+    :class:`~impl.errors.LockTimeoutError` (also a ``TimeoutError``) naming
+    who holds it. ``timeout=None`` waits forever (only for callers with their
+    own bound). Not re-entrant across separate ``open`` calls in one process:
+    do not nest two locks on the same file.
     """
     lock_path = os.fspath(lock_path)
     parent = os.path.dirname(lock_path) or "."
@@ -131,14 +163,45 @@ def file_lock(
                     if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                         raise
                     if time.monotonic() >= deadline:
-                        raise TimeoutError(
-                            f"could not lock {lock_path!r} within {timeout} s: another process "
-                            "holds it; wait for it to finish or remove a lock held by a hung process"
+                        from impl.errors import LockTimeoutError
+
+                        raise LockTimeoutError(
+                            f"could not lock {lock_path!r} within {timeout} s: it is held by {_holder_of(fd)}; "
+                            "wait for that process to finish (or stop it if it hangs) and retry, or raise the "
+                            "timeout with LOADSPEC_LOCK_TIMEOUT_S"
                         ) from None
                     time.sleep(poll_interval)
+        if not shared:
+            _record_holder(fd)
         try:
             yield lock_path
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def exchange_dirs(a: PathLike, b: PathLike) -> bool:
+    """Atomically swap two directory entries (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported.
+
+    Why: replacing a store directory with two renames leaves a moment with no
+    store at the path; an exchange never does (readers see the old or the new).
+    """
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = fn(at_fdcwd, os.fsencode(os.fspath(a)), at_fdcwd, os.fsencode(os.fspath(b)), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(a))

@@ -12,26 +12,41 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import ctypes
 import datetime
+import errno
 import hashlib
 import itertools
 import json
 import math
 import multiprocessing
 import os
-import shutil
+import re
+import signal
+import socket
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
+from impl._atomic import atomic_write_json, exchange_dirs, file_lock, fsync_dir, lock_path_for
 from impl.encoding import Encoder, TokenizerInfo, resolve_tokenizer
-from impl.errors import ConfigError, EmptyDataError, StoreError, TokenizerError
+from impl.errors import (
+    ConfigError,
+    EmptyDataError,
+    LoadspecError,
+    StoreError,
+    TokenizerError,
+    UnguardedMainError,
+    UnsafeOutputError,
+)
 from impl.sources import Source, rechunk, resolve_source
 from impl.store import (
     BLOCK_BYTES,
@@ -51,9 +66,12 @@ from impl.store import (
     quick_signature,
 )
 
-__all__ = ["build_store", "store_from_token_files"]
+__all__ = ["build_store", "check_output_path", "store_from_token_files"]
 
 _UINT16_LIMIT = 1 << 16
+
+LOCK_TIMEOUT_S = 3600.0
+"""How long a build waits for another builder of the same out_dir (``LOADSPEC_LOCK_TIMEOUT_S`` overrides)."""
 
 
 # --------------------------------------------------------------------------- entry points
@@ -62,7 +80,7 @@ _UINT16_LIMIT = 1 << 16
 def build_store(
     source: Any,
     tokenizer: Any,
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     text_field: str = "text",
     num_proc: int | None = None,
@@ -79,7 +97,7 @@ def build_store(
     ``source``: a ``datasets.Dataset`` / ``IterableDataset``; a
     ``DatasetDict`` with ``split=``; a parquet, arrow (IPC file or stream),
     JSON Lines or txt (one document a line; ``\\n`` separated, a trailing
-    ``\\r`` dropped) file, or a directory of them (recursively, sorted by
+    ``\\r`` dropped; UTF-8, a leading byte order mark dropped) file, or a directory of them (recursively, sorted by
     relative path, hidden entries skipped); a ``save_to_disk`` directory; a
     ``load_dataset`` cache directory (with ``split=`` if it has several); a
     list of ``pathlib.Path`` files; or an iterable of strings (or of dicts
@@ -95,20 +113,31 @@ def build_store(
     process). Ranges of ``docs_per_file`` documents (default
     :data:`DEFAULT_DOCS_PER_FILE`) become files ``tokens-NNNNN.arrow``; the
     output is identical for every ``num_proc``. When ``num_proc > 1`` the
-    calling script needs the usual ``if __name__ == "__main__":`` guard.
+    calling script needs the usual ``if __name__ == "__main__":`` guard;
+    without it the build fails at once (:class:`UnguardedMainError` in the
+    re-importing worker, :class:`StoreError` naming the guard in the parent)
+    instead of hanging. Workers exit with their parent (a killed build leaves
+    no process behind) and every wait on them is bounded
+    (:data:`WORKER_TIMEOUT_S`).
 
-    Concurrency: the whole build holds ``file_lock(out_dir + ".lock")`` and
+    Concurrency: the whole build holds ``file_lock(out_dir + ".lock")`` (waiting
+    at most :data:`LOCK_TIMEOUT_S`, then :class:`LockTimeoutError` naming the
+    holder's pid and host) and
     writes into a temporary sibling directory that is renamed into place
     only when complete (``meta.json`` last). If ``out_dir`` already holds a
     store built from the same source with the same tokenizer and options
     (e.g. by a concurrent builder), that store is returned; a different
-    store raises :class:`StoreError` unless ``overwrite=True``.
+    store raises :class:`StoreError` unless ``overwrite=True``. ``overwrite``
+    only ever replaces a loadspec store (or fills an empty directory): any
+    other directory, a file, or an ``out_dir`` equal to, inside or containing
+    a source path raises :class:`UnsafeOutputError` and nothing is deleted.
 
     Raises :class:`EmptyDataError` for a source with no documents (a
     source whose documents are all empty is stored: they are counted in
     ``num_empty_documents``), :class:`TokenizerError` if a needed special token is
     missing, :class:`SourceError`/:class:`ConfigError` for unreadable input.
     """
+    _refuse_unguarded_spawn()
     options = BuildOptions(
         text_field=text_field,
         add_bos=add_bos,
@@ -118,6 +147,7 @@ def build_store(
     )
     if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
         raise ConfigError(f"num_proc={num_proc!r}: must be None (all CPUs) or an integer >= 1")
+    check_output_path(out_dir, _source_paths(source))
     tok_json, tinfo = resolve_tokenizer(tokenizer)
     if add_eos and tinfo.eos_id is None:
         raise TokenizerError(
@@ -163,7 +193,7 @@ def build_store(
 
 def store_from_token_files(
     files: Sequence[Sequence[Sequence[int]]],
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     vocab_size: int | None = None,
     eos_id: int | None = None,
@@ -184,6 +214,7 @@ def store_from_token_files(
     loaders' job (EmptyDataError). Same lock/temp-dir/rename protocol and
     the same "return the identical existing store" rule as :meth:`build`.
     """
+    _refuse_unguarded_spawn()
     prepared: list[tuple[np.ndarray, np.ndarray]] = []
     digest = hashlib.sha256(b"loadspec-token-files-v1\0")
     max_id = -1
@@ -259,9 +290,13 @@ def _write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> Non
         metadata={"loadspec.format": FORMAT_NAME, "loadspec.format_version": str(FORMAT_VERSION)},
     )
     batch = pa.record_batch([arr], schema=schema)
-    with pa.OSFile(path, "wb") as sink:
-        with pa.ipc.new_file(sink, schema) as writer:
+    try:
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:  # arrow's errors name no file: add it
+            raise OSError(exc.errno, os.strerror(exc.errno), path) from exc
+        raise
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -288,14 +323,47 @@ def _write_encoded(enc: Encoder, path: str, texts: Sequence[str],
 _WORKER_ENCODER: Encoder | None = None
 
 
-def _worker_init(tok_json: str, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int,
-                 threads: int) -> None:
+def _worker_init(tok_json_path: str, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int,
+                 threads: int, parent_pid: int | None = None) -> None:
+    # The tokenizer travels as a file path: spawn writes a child's arguments
+    # into a pipe before the child runs, and a multi-MB argument (GPT-2's JSON)
+    # blocks that write forever if the child dies first (e.g. an unguarded
+    # script), which is how a build used to hang.
     # Each worker is one of num_proc processes: cap the tokenizer's own thread
     # pool (read by rayon at first use) so processes x threads <= cores.
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     global _WORKER_ENCODER
+    tok_json = Path(tok_json_path).read_text(encoding="utf-8")
     _WORKER_ENCODER = Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=batch_size)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, *, poll_s: float = 1.0) -> None:
+    """Make this (worker) process exit when ``parent_pid`` dies, so a killed build leaves no workers behind.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (the kernel kills us with the
+    parent), re-checked against a parent that died before the call. Everywhere:
+    a daemon thread that exits the process once ``os.getppid()`` is no longer
+    ``parent_pid`` (the orphan was re-parented), within ``poll_s`` seconds.
+    """
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="loadspec-parent-watchdog", daemon=True).start()
 
 
 def _worker_write(path: str, texts: list[str]) -> dict[str, Any]:
@@ -361,19 +429,117 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
     }
 
 
-def _publish(out_dir: str | os.PathLike, build_key: str | None, overwrite: bool,
+_MARKER = ".loadspec-build"
+"""File a builder writes into its temporary directory first: only directories carrying it are ever cleaned up."""
+
+_TOKENIZER_FILE = ".loadspec-build.tokenizer.json"
+_STORE_ENTRY = re.compile(r"^(meta\.json|tokens-\d{5,}\.arrow|\.(meta\.json|\.loadspec-build)\..*\.tmp|\.loadspec-build.*)$")
+
+
+def _is_loadspec_store_dir(path: Path) -> bool:
+    """True when ``path`` holds a loadspec store's ``meta.json`` and nothing but store files (safe to replace)."""
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        names = [e.name for e in path.iterdir()]
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME and all(_STORE_ENTRY.match(n) for n in names)
+
+
+def _is_own_temp_dir(path: Path, out: Path) -> bool:
+    """A ``.<out>.tmp-*`` / ``.<out>.old-*`` directory this code created: it carries the marker or is a store.
+
+    So does one that is empty or holds only the marker's own temp file (a
+    builder killed between ``mkdir`` and the marker's rename leaves it).
+    """
+    try:
+        info = json.loads((path / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        try:
+            names = [e.name for e in path.iterdir()]
+        except OSError:
+            return False
+        if all(n.startswith(f".{_MARKER}.") and n.endswith(".tmp") for n in names):
+            return True  # empty, or killed while writing the marker
+        return _is_loadspec_store_dir(path)
+    return isinstance(info, dict) and info.get("out") == out.name and all(
+        _STORE_ENTRY.match(e.name) for e in path.iterdir())
+
+
+def check_output_path(out_dir: str | os.PathLike[str], source_paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse an output path equal to, inside or containing a source path (a build must never touch its input).
+
+    >>> check_output_path("/data/store", ["/data/corpus"])   # siblings: fine
+    >>> check_output_path("/data/corpus/store", ["/data/corpus"])
+    Traceback (most recent call last):
+    ...
+    impl.errors.UnsafeOutputError: out_dir '/data/corpus/store' is inside the source '/data/corpus': a build never writes over or next to its own input; choose an out_dir outside the source (e.g. a sibling directory)
+    """
+    out = Path(os.path.realpath(os.fspath(out_dir)))
+    for sp in source_paths:
+        src = Path(os.path.realpath(os.fspath(sp)))
+        if out == src:
+            how = "is the source"
+        elif out.is_relative_to(src):
+            how = "is inside the source"
+        elif src.is_relative_to(out):
+            how = "contains the source"
+        else:
+            continue
+        raise UnsafeOutputError(
+            f"out_dir {os.fspath(out_dir)!r} {how} {os.fspath(sp)!r}: a build never writes over or next to "
+            "its own input; choose an out_dir outside the source (e.g. a sibling directory)"
+        )
+
+
+def _source_paths(source: Any) -> list[str | os.PathLike[str]]:
+    if isinstance(source, (str, os.PathLike)):
+        return [source]
+    if isinstance(source, (list, tuple)) and source and all(isinstance(p, os.PathLike) for p in source):
+        return list(source)
+    return []
+
+
+def _publish(out_dir: str | os.PathLike[str], build_key: str | None, overwrite: bool,
              produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
-    """Run ``produce(tmp_dir) -> meta`` under the out_dir lock and rename the result into place.
+    """Run ``produce(tmp_dir) -> meta`` under the out_dir lock and put the result in place atomically.
 
     The lock serialises builders of one ``out_dir``; the temporary sibling
-    directory (``.<name>.tmp-<pid>-<random>``) is never what ``open`` looks at,
-    and ``meta.json`` is written last, so a crash at any point leaves either no
-    store or the previous one. Leftovers of crashed builders are removed by the
-    next builder (it holds the lock, so none of them is still running).
+    directory (``.<name>.tmp-<pid>-<random>``, carrying a ``.loadspec-build``
+    marker) is never what ``open`` looks at, and ``meta.json`` is written last.
+    A new store is renamed into place; a replaced one is swapped with the new
+    one in a single ``renameat2(RENAME_EXCHANGE)`` (two renames where that is
+    unsupported), so readers of ``out_dir`` see the old store or the new one.
+    A crash leaves the previous state plus a marked temp dir, which the next
+    builder removes (it holds the lock, so its creator is gone); nothing
+    without the marker (or that is not a store) is ever removed. OS errors
+    (read-only directory, full disk) become :class:`StoreError` naming the
+    path, with no half-written store left.
     """
     out = Path(os.path.abspath(os.fspath(out_dir)))
+    try:
+        return _publish_locked(out, build_key, overwrite, produce)
+    except OSError as exc:
+        if isinstance(exc, (TimeoutError, LoadspecError)) or exc.errno is None:
+            raise
+        where = exc.filename or out
+        hint = {errno.ENOSPC: "free space on that filesystem or choose an out_dir on another one",
+                errno.EDQUOT: "free space within your quota or choose an out_dir on another filesystem",
+                errno.EFBIG: "the file size limit (ulimit -f) or the disk was reached: raise it or free space",
+                errno.EROFS: "the filesystem is read-only: choose a writable out_dir",
+                errno.EACCES: "you may not write there: choose a writable out_dir or fix its permissions",
+                errno.EPERM: "you may not write there: choose a writable out_dir or fix its permissions",
+                }.get(exc.errno or 0, "fix the cause or choose another out_dir")
+        raise StoreError(
+            f"building the store at {out} failed writing {os.fspath(where)!r}: {exc.strerror or exc} "
+            f"(errno {exc.errno}); no store was written there (any previous one is untouched): {hint}"
+        ) from exc
+
+
+def _publish_locked(out: Path, build_key: str | None, overwrite: bool,
+                    produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
     out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(lock_path_for(out)):
+    with file_lock(lock_path_for(out), timeout=_lock_timeout()):
         _remove_stale_temp_dirs(out)
         existing = _existing_store(out, build_key, overwrite)
         if existing is not None:
@@ -382,50 +548,102 @@ def _publish(out_dir: str | os.PathLike, build_key: str | None, overwrite: bool,
         tmp.mkdir()
         trash: Path | None = None
         try:
+            atomic_write_json(tmp / _MARKER, {"out": out.name, "pid": os.getpid(), "host": socket.gethostname()})
             meta = produce(tmp)
             atomic_write_json(tmp / META_FILE, meta)
             fsync_dir(tmp)
+            if out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
             if out.exists():
-                if out.is_dir() and not any(out.iterdir()):
-                    out.rmdir()
+                if exchange_dirs(tmp, out):
+                    trash = tmp  # now holds the old store
                 else:
                     trash = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
                     os.rename(out, trash)
-            os.rename(tmp, out)
+                    os.rename(tmp, out)
+            else:
+                os.rename(tmp, out)
             fsync_dir(out.parent)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if trash is None and _is_own_temp_dir(tmp, out):
+                _remove_own_dir(tmp, out)
             raise
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(out / _MARKER)
+        if trash is not None and _is_own_temp_dir(trash, out):
+            _remove_own_dir(trash, out)
         return TokenStore.open(out)
 
 
+def _lock_timeout() -> float:
+    return float(os.environ.get("LOADSPEC_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
+
+
 def _remove_stale_temp_dirs(out: Path) -> None:
-    """Remove temp/old directories left by builders of ``out`` that crashed (caller holds the lock)."""
+    """Remove temp/old directories left by crashed builders of ``out`` (caller holds the lock).
+
+    Only directories this module made are removed: name ``.<out>.tmp-*`` or
+    ``.<out>.old-*`` *and* the builder's marker file or a store's contents.
+    A user's directory that happens to match the name is left alone.
+    """
     prefixes = (f".{out.name}.tmp-", f".{out.name}.old-")
     for entry in out.parent.iterdir():
-        if entry.name.startswith(prefixes) and entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
+        if entry.name.startswith(prefixes) and entry.is_dir() and not entry.is_symlink() \
+                and _is_own_temp_dir(entry, out):
+            _remove_own_dir(entry, out)
+
+
+def _remove_own_dir(path: Path, out: Path) -> None:
+    """Delete a temp/old directory of ``out`` so that it stays recognisable until it is gone.
+
+    The marker is written first and deleted last: a builder killed half way
+    through leaves a directory the next builder still knows is its own.
+    """
+    with contextlib.suppress(OSError):
+        if not (path / _MARKER).exists():
+            atomic_write_json(path / _MARKER, {"out": out.name, "pid": os.getpid(), "host": socket.gethostname()})
+        for entry in path.iterdir():
+            if entry.name != _MARKER:
+                entry.unlink()
+        (path / _MARKER).unlink(missing_ok=True)
+        path.rmdir()
 
 
 def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenStore | None:
-    if not out.exists():
+    if not out.exists() and not out.is_symlink():
         return None
-    if not out.is_dir():
-        if overwrite:
-            raise StoreError(f"{out} is a file, not a store directory: remove it or choose another out_dir")
-        raise StoreError(f"{out} exists and is a file: choose another out_dir or remove it")
+    if out.is_symlink() and out.is_dir() and _is_loadspec_store_dir(out) and not overwrite:
+        with contextlib.suppress(StoreError):
+            linked = TokenStore.open(out)
+            if build_key is not None and linked.meta.get("build_key") == build_key:
+                return linked  # the same store, reached through a link: nothing to replace
+    if not out.is_dir() or out.is_symlink():
+        if out.is_symlink():
+            raise UnsafeOutputError(
+                f"{out} is a symlink (to {os.path.realpath(out)!r}); loadspec never builds into or replaces a "
+                "link: pass the directory it points to as out_dir, or choose another out_dir"
+            )
+        raise UnsafeOutputError(
+            f"{out} exists and is {'a symlink' if out.is_symlink() else 'a file'}, not a token store directory; "
+            "loadspec never replaces it (overwrite=True only replaces a loadspec store): choose another out_dir"
+        )
     if not any(out.iterdir()):
         return None
+    if not _is_loadspec_store_dir(out):
+        shown = sorted(e.name for e in out.iterdir())[:5]
+        raise UnsafeOutputError(
+            f"{out} is a directory that is not a loadspec token store (it holds {shown}"
+            f"{'...' if len(list(out.iterdir())) > 5 else ''}); loadspec never replaces a directory it did not "
+            "create, with or without overwrite: choose another out_dir (e.g. a new subdirectory)"
+        )
     try:
         store = TokenStore.open(out)
     except StoreError as exc:
         if overwrite:
             return None
         raise StoreError(
-            f"{out} exists but is not a valid token store ({exc}); pass overwrite=True to replace it or choose "
-            "another out_dir"
+            f"{out} holds a token store that cannot be opened ({exc}); pass overwrite=True to replace that store "
+            "or choose another out_dir"
         ) from exc
     if build_key is not None and store.meta.get("build_key") == build_key and not overwrite:
         return store
@@ -435,7 +653,7 @@ def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenS
            if build_key is None else "it was built from a different source, tokenizer or options")
     raise StoreError(
         f"a token store already exists at {out} (fingerprint {store.fingerprint[:16]}...) and {why}: use "
-        "TokenStore.open to read it, pass overwrite=True to replace it, or choose another out_dir"
+        "TokenStore.open to read it, pass overwrite=True to replace that store, or choose another out_dir"
     )
 
 
@@ -444,6 +662,24 @@ def _cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
+
+
+def _refuse_unguarded_spawn() -> None:
+    """Fail at once when called while a ``spawn`` child re-imports the parent's script.
+
+    Why: a script that calls ``TokenStore.build(..., num_proc=8)`` at top level,
+    without an ``if __name__ == "__main__":`` guard, runs that call again in
+    every spawned worker; the worker then waits forever on the lock its parent
+    holds. multiprocessing marks a child as "inheriting" until its bootstrap
+    (the re-import) is over, so a build started then is exactly this mistake.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
+        raise UnguardedMainError(
+            f"TokenStore.build was called while a spawned worker process was re-importing {main_file}: the "
+            "script builds at top level. Put the build under `if __name__ == \"__main__\":` (spawned worker "
+            "processes re-import the script), or build with num_proc=1"
+        )
 
 
 def _spawn_can_start() -> bool:
@@ -494,31 +730,85 @@ def _tokenize_into(tmp: Path, src: Source, tok_json: str, tinfo: TokenizerInfo, 
                 _on_file_written(tmp, rec)
         else:
             threads = max(1, _cpu_count() // wanted)
-            ctx = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(
-                max_workers=wanted, mp_context=ctx, initializer=_worker_init,
-                initargs=(tok_json, dtype, bos_id, eos_id, options.batch_size, threads),
-            ) as pool:
-                pending: collections.deque = collections.deque()
-                try:
-                    for index, texts in enumerate(ranges):
-                        pending.append((len(texts), pool.submit(_worker_write, str(tmp / FILE_TEMPLATE.format(index)), texts)))
-                        while len(pending) > wanted:
-                            n, fut = pending.popleft()
-                            records.append(fut.result())
-                            bar.update(n)
-                    while pending:
-                        n, fut = pending.popleft()
-                        records.append(fut.result())
-                        bar.update(n)
-                except BaseException:
-                    for _, fut in pending:
-                        fut.cancel()
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    raise
+            tok_file = tmp / _TOKENIZER_FILE
+            tok_file.write_text(tok_json, encoding="utf-8")
+            initargs = (str(tok_file), dtype, bos_id, eos_id, options.batch_size, threads, os.getpid())
+            try:
+                records = _run_pool(tmp, ranges, wanted, initargs, bar)
+            finally:
+                tok_file.unlink(missing_ok=True)
     finally:
         bar.close()
     return records
+
+
+WORKER_TIMEOUT_S = 3600.0
+"""Longest a build waits for one worker's file (``LOADSPEC_WORKER_TIMEOUT_S`` overrides): no wait is unbounded."""
+
+
+def _run_pool(tmp: Path, ranges: Iterator[list[str]], workers: int, initargs: tuple[Any, ...],
+              bar: Any) -> list[dict[str, Any]]:
+    """Tokenize ``ranges`` in ``workers`` spawned processes, at most ``workers`` files in flight, in order.
+
+    Every wait is bounded (:data:`WORKER_TIMEOUT_S` per file) and a worker
+    that dies (start-up failure, OOM kill) ends the build with a
+    :class:`StoreError` naming the likely cause and its fix; on any failure
+    the workers are killed, not joined, so a stuck worker cannot hang the
+    parent.
+    """
+    timeout = float(os.environ.get("LOADSPEC_WORKER_TIMEOUT_S", WORKER_TIMEOUT_S))
+    ctx = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                                  initargs=initargs)
+    records: list[dict[str, Any]] = []
+    pending: collections.deque[tuple[int, str, concurrent.futures.Future[dict[str, Any]]]] = collections.deque()
+
+    def collect() -> None:
+        n, name, fut = pending.popleft()
+        try:
+            records.append(fut.result(timeout=timeout))
+        except concurrent.futures.TimeoutError:
+            raise StoreError(
+                f"a build worker did not finish {name} ({n} documents) within {timeout:.0f} s; the build was "
+                "stopped: check the machine's load and memory, or raise LOADSPEC_WORKER_TIMEOUT_S"
+            ) from None
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            raise StoreError(
+                f"a build worker process died while writing {name} ({exc}). If your script calls "
+                "TokenStore.build at top level, put that call under `if __name__ == \"__main__\":` "
+                "(spawned workers re-import the script; its error is printed above); otherwise the worker "
+                "was killed (often out of memory): retry with a smaller num_proc, or num_proc=1"
+            ) from exc
+        bar.update(n)
+
+    ok = False
+    try:
+        for index, texts in enumerate(ranges):
+            name = FILE_TEMPLATE.format(index)
+            pending.append((len(texts), name, pool.submit(_worker_write, str(tmp / name), texts)))
+            while len(pending) > workers:
+                collect()
+        while pending:
+            collect()
+        ok = True
+    finally:
+        if ok:
+            pool.shutdown(wait=True)
+        else:
+            _kill_pool(pool)
+    return records
+
+
+def _kill_pool(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Stop a pool without waiting on its workers (a hung or dead worker must not hang the build)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.kill()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(10)
 
 
 class _NoBar:

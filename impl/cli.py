@@ -15,24 +15,54 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from impl.errors import LoadspecError
 
 
+def _int_at_least(low: int) -> Any:
+    """An argparse ``type`` for integers >= ``low``: a bad value is a usage error (exit 2), not a traceback."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer (expected an integer >= {low})") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is too small: expected an integer >= {low}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _world_sizes(text: str) -> list[int]:
+    """``--world-sizes 8,6,16``: comma-separated integers >= 1."""
+    parts = [t.strip() for t in text.split(",")]
+    sizes = []
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {part!r} is not a world size; pass comma-separated integers >= 1, e.g. 2,3,8"
+            )
+        sizes.append(int(part))
+    return sizes
+
+
 def _add_dataset_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", type=Path, help="a directory written by `loadspec build`")
-    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--seq-len", type=_int_at_least(1), required=True)
     p.add_argument("--packing", default="concat", choices=["concat", "chunk", "greedy", "first_fit", "best_fit", "none"])
     p.add_argument("--shuffle", default="none", choices=["none", "global", "window"])
-    p.add_argument("--window", type=int, default=1024, help="window size of the window shuffle")
-    p.add_argument("--pack-window", type=int, default=1000, help="documents per bin-packing window")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--window", type=_int_at_least(1), default=1024, help="window size of the window shuffle")
+    p.add_argument("--pack-window", type=_int_at_least(1), default=1000, help="documents per bin-packing window")
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--epoch", type=_int_at_least(0), default=0)
 
 
-def _dataset(args: argparse.Namespace):
+def _dataset(args: argparse.Namespace) -> Any:
     from impl.dataset import PackedDataset
 
     return PackedDataset(args.store, seq_len=args.seq_len, packing=args.packing, shuffle=args.shuffle,
@@ -50,7 +80,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(sample: dict[str, Any], decode) -> str:
+def _render(sample: dict[str, Any], decode: Callable[[int], Any]) -> str:
     """Tokens with ⟦doc d @offset⟧ at every segment start, labels masked (-100) shown as ‹…›, padding as ·."""
     out = []
     ids, labels, docs, offsets, pos = (sample[k].tolist() for k in ("input_ids", "labels", "doc_ids", "token_offsets",
@@ -72,9 +102,9 @@ def cmd_preview(args: argparse.Namespace) -> int:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(args.tokenizer))
-        decode = lambda t: tok.decode([t])  # noqa: E731
+        decode = lambda t: tok.decode([t])
     else:
-        decode = lambda t: f" {t}"  # noqa: E731
+        decode = lambda t: f" {t}"
     print(f"{ds!r}: {len(ds)} samples in epoch {args.epoch}")
     for i in range(min(args.n, len(ds))):
         sample = ds.sample(args.epoch, i)
@@ -95,19 +125,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     """
     import numpy as np
 
+    from impl import rng
     from impl.loader import build_dataloader
-    from impl.partition import group_batch
+    from impl.partition import advance, group_batch, trained_end
+    from impl.resume import audit_coverage
     from impl.store import TokenStore
-    from reference import rng
-    from reference.partition import PartitionConfig, advance, trained_end
-    from reference.resume import audit_coverage, make_state
+    from reference.partition import PartitionConfig
+    from reference.resume import make_state
 
     store = TokenStore.open(args.store, verify=args.verify)
     print(f"store {store.path}: {len(store)} documents, {store.num_tokens} tokens; files checked by "
           f"{'full sha256' if args.verify else 'size, and quick signatures as files are first read'}")
     ds = _dataset(args)
     total = ds.num_samples(args.epoch)
-    worlds = [int(w) for w in args.world_sizes.split(",")]
+    worlds = args.world_sizes
     configs = [PartitionConfig(world_size=w, batch_size=args.batch_size) for w in worlds]
     key = rng.derive_key(args.seed, args.epoch, rng.Stream.SAMPLE_ORDER)
     print(f"epoch {args.epoch}: {total} samples; topologies {worlds} × batch {args.batch_size}, {args.resumes} resumes")
@@ -126,7 +157,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 if first["input_ids"].numpy().tolist() != want.tolist():
                     failures.append(f"resume at sample {consumed} on {cfg.world_size} ranks did not continue the stream")
         last = segment == args.resumes
-        steps = 1 << 62 if last else 1 + rng.below(key, segment, max(1, total // (cfg.global_batch_size * (args.resumes + 1))))
+        span = max(1, total // (cfg.global_batch_size * (args.resumes + 1)))
+        steps = 1 << 62 if last else 1 + int(rng.below(key, np.array([segment]), span)[0])
         before = consumed
         for _ in range(steps):
             groups = [group_batch(consumed, total, cfg, g) for g in range(cfg.data_parallel_size)]
@@ -175,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--tokenizer", required=True, help="a tokenizer directory or tokenizer.json")
     b.add_argument("--text-field", default="text")
     b.add_argument("--split", default=None)
-    b.add_argument("--num-proc", type=int, default=None)
+    b.add_argument("--num-proc", type=_int_at_least(1), default=None)
     b.add_argument("--add-bos", action="store_true")
     b.add_argument("--no-eos", action="store_true")
     b.add_argument("--overwrite", action="store_true")
@@ -183,16 +215,16 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("preview", help="decode the first samples, marking document boundaries and masked labels")
     _add_dataset_options(p)
-    p.add_argument("-n", type=int, default=2)
+    p.add_argument("-n", type=_int_at_least(0), default=2)
     p.add_argument("--tokenizer", type=Path, default=None)
     p.set_defaults(fn=cmd_preview)
 
     c = sub.add_parser("check", help="audit a store and config: simulated ranks, resumes, exactly-once coverage")
     _add_dataset_options(c)
-    c.add_argument("--world-sizes", default="2,3", help="topologies to cycle through at each resume")
-    c.add_argument("--batch-size", type=int, default=1)
-    c.add_argument("--resumes", type=int, default=4)
-    c.add_argument("--audit-samples", type=int, default=200)
+    c.add_argument("--world-sizes", type=_world_sizes, default=[2, 3], help="topologies to cycle through at each resume")
+    c.add_argument("--batch-size", type=_int_at_least(1), default=1)
+    c.add_argument("--resumes", type=_int_at_least(0), default=4)
+    c.add_argument("--audit-samples", type=_int_at_least(0), default=200)
     c.add_argument("--verify", action="store_true", help="recompute every file's sha256")
     c.set_defaults(fn=cmd_check)
 
@@ -200,12 +232,19 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--workdir", type=Path, default=None)
     d.set_defaults(fn=cmd_demo)
 
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a bad flag or value: usage on stderr, SystemExit(2)
     try:
-        return args.fn(args)
+        return int(args.fn(args))
     except LoadspecError as exc:
         print(f"loadspec {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"loadspec {args.command}: {type(exc).__name__}: {exc} (check the path, its permissions and free "
+              "space)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"loadspec {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

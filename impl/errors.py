@@ -34,6 +34,7 @@ __all__ = [
     "ConfigError",
     "EmptyDataError",
     "LoadspecError",
+    "LockTimeoutError",
     "SourceError",
     "SplitError",
     "StateError",
@@ -43,6 +44,8 @@ __all__ = [
     "StoreVersionError",
     "TokenizerError",
     "TopologyError",
+    "UnguardedMainError",
+    "UnsafeOutputError",
     "is_int",
     "is_integer",
     "require",
@@ -89,3 +92,18 @@ class SourceError(ConfigError):
 
 class EvalBuildError(LoadspecError):
     """The source rank failed to build an eval set with an error loadspec does not type (EVAL-3; names it)."""
+
+
+class LockTimeoutError(StoreError, TimeoutError):
+    """A lock was not free within its timeout; the message names the holder (pid, host, since) and the fix.
+
+    Also a :class:`TimeoutError`, so code that waited with a timeout before keeps catching it.
+    """
+
+
+class UnsafeOutputError(StoreError):
+    """The output path would destroy or mix with something loadspec did not create (a user directory, the source)."""
+
+
+class UnguardedMainError(ConfigError):
+    """A build was started while a spawned child re-imported ``__main__``: the script lacks its ``__main__`` guard."""

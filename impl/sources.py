@@ -20,8 +20,8 @@ accepted kind of source is reduced here to one :class:`Source`:
 
 Accepted sources: ``datasets.Dataset`` / ``IterableDataset``; a
 ``DatasetDict`` with ``split=``; a parquet, arrow (IPC file or stream), JSON
-Lines (``.jsonl``/``.ndjson``/``.json``) or txt file (one document a line),
-optionally gzipped for the text formats, or a directory of them (recursive,
+Lines (``.jsonl``/``.ndjson``/``.json``) or txt file (one document a line,
+UTF-8; a leading byte order mark is dropped), optionally gzipped for the text formats, or a directory of them (recursive,
 sorted by relative path, hidden entries skipped); a ``save_to_disk``
 directory; a ``load_dataset`` cache directory; a list of ``pathlib.Path``
 files; an iterable of strings or of dicts holding ``text_field``. A ``str``
@@ -55,6 +55,7 @@ import json
 import os
 import re
 import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ import pyarrow as pa
 
 from impl.errors import ConfigError, EmptyDataError, SourceError
 
-__all__ = ["Source", "resolve_source", "rechunk"]
+__all__ = ["Source", "rechunk", "resolve_source"]
 
 _TEXT_BATCH = 8192
 
@@ -184,17 +185,20 @@ def _jsonl_texts(lines: Iterator[str], where: str, text_field: str) -> Iterator[
 def _txt_lines(lines: Iterator[str]) -> Iterator[str]:
     """Each line without its line ending (``\n`` or ``\r\n``): one document a line."""
     for line in lines:
-        if line.endswith("\n"):
-            line = line[:-1]
-        if line.endswith("\r"):
-            line = line[:-1]
+        line = line.removesuffix("\n")
+        line = line.removesuffix("\r")
         yield line
 
 
-def _open_text(path: Path):
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, encoding="utf-8", newline="\n")
+def _open_text(path: Path) -> Any:
+    """Open a text source; ``utf-8-sig`` drops a UTF-8 byte order mark (editors on Windows write one).
+
+    Without that the first document would start with U+FEFF (and a JSON Lines
+    file's first line would not parse); a BOM anywhere else is kept as text.
+    """
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="\n")
+    return open(path, encoding="utf-8-sig", newline="\n")
 
 
 def _suffix_kind(path: Path) -> str | None:
@@ -261,6 +265,21 @@ def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
         )
 
 
+def _first_bad_utf8_line(path: Path) -> str:
+    """``":<line>"`` of the first line that is not UTF-8 (read again only after a decode error), or ``""``."""
+    try:
+        opener = gzip.open if path.name.lower().endswith(".gz") else open
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return f":{lineno}"
+    except (OSError, EOFError, zlib.error):
+        pass
+    return ""
+
+
 def _file_stats_fingerprint(kind: str, files: Sequence[Path], extra: Any = None) -> str:
     rows = []
     for p in files:
@@ -276,7 +295,15 @@ def _files_source(kind: str, files: list[Path], text_field: str, description: An
             try:
                 yield from _iter_file(p, text_field)
             except UnicodeDecodeError as exc:
-                raise SourceError(f"{p}: not valid UTF-8 ({exc}): re-encode the file as UTF-8") from exc
+                raise SourceError(
+                    f"{p}{_first_bad_utf8_line(p)}: not valid UTF-8 (byte {exc.object[exc.start:exc.start + 1]!r}: "
+                    f"{exc.reason}): re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+                ) from exc
+            except (zlib.error, EOFError, gzip.BadGzipFile) as exc:
+                raise SourceError(
+                    f"{p}: corrupt or truncated gzip data ({type(exc).__name__}: {exc}): re-download or re-compress "
+                    "the file (check it with `gzip -t`), or remove it from the source"
+                ) from exc
             except (pa.ArrowInvalid, OSError) as exc:
                 if isinstance(exc, FileNotFoundError):
                     raise SourceError(f"{p}: disappeared during the build ({exc})") from exc
@@ -478,7 +505,7 @@ def resolve_source(source: Any, *, text_field: str = "text", split: str | None =
     def gen() -> Iterator[list[str]]:
         count = 0
         for items in _batched(iter(source), _TEXT_BATCH):
-            texts = []
+            texts: list[Any] = []
             for item in items:
                 if isinstance(item, Mapping):
                     if text_field not in item:

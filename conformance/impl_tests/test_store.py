@@ -730,14 +730,14 @@ def test_building_again_returns_the_same_store_and_refuses_a_different_one_unles
     assert len(TokenStore.open(out)) == 5 and leftovers(out) == []
 
 
-def test_a_non_store_directory_in_the_way_is_refused_unless_overwrite(tmp_path, tok):
+def test_a_non_store_directory_in_the_way_is_refused_even_with_overwrite(tmp_path, tok):
     out = tmp_path / "store"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(StoreError, match="not a valid token store.*overwrite=True"):
-        TokenStore.build(["alpha"], tok, out, progress=False)
-    assert (out / "notes.txt").exists()
-    assert len(TokenStore.build(["alpha"], tok, out, overwrite=True, progress=False)) == 1
+    for overwrite in (False, True):
+        with pytest.raises(StoreError, match="not a loadspec token store.*choose another out_dir"):
+            TokenStore.build(["alpha"], tok, out, overwrite=overwrite, progress=False)
+    assert (out / "notes.txt").read_text() == "mine"
     empty = tmp_path / "empty"
     empty.mkdir()  # an empty directory is simply filled
     assert len(TokenStore.build(["alpha"], tok, empty, progress=False)) == 1

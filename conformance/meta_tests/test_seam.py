@@ -7,12 +7,9 @@ itself, and the spec's own checks run on the hot path. Every
 ``from reference... import name`` in ``impl/*.py`` (at module level or inside
 a function) is checked against ``ALLOWED``, an explicit list of names by
 module; ``import reference...`` (a whole module) is refused, since it would
-give access to everything.
-
-``AUDIT_ALLOWANCES`` lists, per impl module, reference functions that a
-command uses as its *oracle* (the CLI's audit and the demo check impl
-against the spec). They are temporary and explicit: the test also fails
-when an allowance is no longer used, so the list only shrinks.
+give access to everything. The commands that audit impl (``loadspec
+check``, the demos) use impl's own audit (``impl.resume``), compared with
+the reference's in ``conformance/impl_tests/test_resume_audit.py``.
 """
 
 from __future__ import annotations
@@ -46,14 +43,6 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 """Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
 
-AUDIT_ALLOWANCES: dict[str, dict[str, frozenset[str]]] = {
-    "cli.py": {"reference": frozenset({"rng"}),
-               "reference.partition": frozenset({"advance", "trained_end"}),
-               "reference.resume": frozenset({"audit_coverage"})},
-}
-"""Temporary: commands that audit impl against the spec (their oracle), to be moved out of impl or rewritten."""
-
-
 def reference_imports(source: str) -> list[tuple[int, str, str]]:
     r"""``(line, module, name)`` for every import of the reference in ``source``; ``name`` is ``*`` for a whole module.
 
@@ -72,11 +61,10 @@ def reference_imports(source: str) -> list[tuple[int, str, str]]:
 
 
 def seam_violations(filename: str, source: str) -> list[str]:
-    """Each reference import of an impl module that ``ALLOWED`` (plus the module's audit allowance) does not list."""
-    extra = AUDIT_ALLOWANCES.get(filename, {})
+    """Each reference import of an impl module that ``ALLOWED`` does not list."""
     return [f"impl/{filename}:{line}: from {module} import {name}"
             for line, module, name in reference_imports(source)
-            if name not in ALLOWED.get(module, frozenset()) | extra.get(module, frozenset())]
+            if name not in ALLOWED.get(module, frozenset())]
 
 
 def impl_sources() -> dict[str, str]:
@@ -99,14 +87,6 @@ def test_the_seam_check_refuses_reference_arithmetic_added_to_any_impl_module():
                    "from reference.rng import FeistelPermutation as ScalarFeistel\n"):
         assert seam_violations("loader.py", source), f"the seam check accepted {source!r}"
     assert not seam_violations("loader.py", "from reference.partition import PADDING, PartitionConfig\n")
-
-
-def test_every_audit_allowance_is_still_used_so_the_list_only_shrinks():
-    sources = impl_sources()
-    for filename, modules in AUDIT_ALLOWANCES.items():
-        used = {(module, name) for _, module, name in reference_imports(sources.get(filename, ""))}
-        stale = sorted((m, n) for m, names in modules.items() for n in names if (m, n) not in used)
-        assert not stale, f"impl/{filename} no longer imports {stale}; remove them from AUDIT_ALLOWANCES"
 
 
 @pytest.mark.parametrize("module", sorted(ALLOWED))

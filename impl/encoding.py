@@ -44,7 +44,7 @@ import numpy as np
 
 from impl.errors import TokenizerError
 
-__all__ = ["TokenizerInfo", "resolve_tokenizer", "Encoder"]
+__all__ = ["Encoder", "TokenizerInfo", "resolve_tokenizer"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,11 +98,9 @@ def _load_tokenizer(spec: Any) -> Any:
                 f"could not load a tokenizer from {str(path)!r} ({type(exc).__name__}: {exc}); pass a directory "
                 "saved with tokenizer.save_pretrained() or a tokenizer.json file"
             ) from exc
-    try:
-        import tokenizers
-    except ImportError:  # pragma: no cover - tokenizers is a dependency
-        tokenizers = None
-    if tokenizers is not None and isinstance(spec, tokenizers.Tokenizer):
+    import tokenizers
+
+    if isinstance(spec, tokenizers.Tokenizer):
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast(tokenizer_object=spec)

@@ -184,13 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "conformance" / "report"), help="directory for MATRIX.md and matrix.json")
     ap.add_argument("--profile", default="dev", help="hypothesis profile for the runs (ci, dev, thorough)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per loader")
+    ap.add_argument("--merge", action="append", default=[], metavar="MATRIX_JSON",
+                    help="rows of earlier runs to include (rows run now win); with no --loader, run nothing")
     ap.add_argument("--update", action="store_true",
                     help="keep the other loaders' rows of an existing matrix.json and rerun only the --loader ones")
     args = ap.parse_args(argv)
     if args.describe:
         print(json.dumps(describe(args.describe)))
         return 0
-    loaders = dict(item.split("=", 1) for item in args.loader) if args.loader else LOADERS
+    loaders = dict(item.split("=", 1) for item in args.loader) if args.loader else ({} if args.merge else LOADERS)
     runs = []
     for label, spec in loaders.items():
         print(f"[matrix] {label}: {spec}", flush=True)
@@ -199,10 +201,15 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{t}={o.status}" for t, o in runs[-1].outcomes.items() if o.status != "pass"), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.update and (out / "matrix.json").exists():
+    earlier = list(args.merge) + ([str(out / "matrix.json")] if args.update and (out / "matrix.json").exists() else [])
+    if earlier:
         fresh = {r.label for r in runs}
-        kept = [_load_run(r) for r in json.loads((out / "matrix.json").read_text(encoding="utf-8"))
-                if r["label"] not in fresh]
+        kept = []
+        for path in earlier:
+            for data in json.loads(Path(path).read_text(encoding="utf-8")):
+                if data["label"] not in fresh:
+                    fresh.add(data["label"])
+                    kept.append(_load_run(data))
         order = list(LOADERS)
         runs = sorted(kept + runs, key=lambda r: order.index(r.label) if r.label in order else len(order))
     command = "python -m conformance.matrix" + (f" --profile {args.profile}" if args.profile != "dev" else "")

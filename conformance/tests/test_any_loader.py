@@ -76,23 +76,34 @@ def _rows(per_rank) -> list[Any]:
     return [row for batches in per_rank for batch in batches for row in batch]
 
 
+def _max_world(adapter, most: int) -> int:
+    """The largest world size to draw: the adapter's declared ``limits["max_world_size"]`` caps it."""
+    return max(1, min(most, int(dict(getattr(adapter, "limits", {}) or {}).get("max_world_size", most))))
+
+
+def _topologies(adapter, most: int):
+    return ls.topologies(max_world=_max_world(adapter, most), replication=False)
+
+
 def _configs(adapter):
     return ls.adapter_configs(adapter, stride=True)
 
 
 @pytest.mark.clause("PACK-4", "PACK-3")
-@given(corpus=ls.provenance_corpora(), data=st.data(), topology=ls.topologies(max_world=3, replication=False))
-def test_every_input_and_label_is_the_corpus_token_its_provenance_names(loadspec_adapter, corpus, data, topology):
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_every_input_and_label_is_the_corpus_token_its_provenance_names(loadspec_adapter, corpus, data):
     config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 3), label="topology")
     with tempfile.TemporaryDirectory() as tmp, Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
         per_rank = _epoch(loaders)
     check_provenance(_rows(per_rank), corpus, config.packing, clause="PACK-4", repro=_repro(corpus, config, topology))
 
 
 @pytest.mark.clause("PART-1")
-@given(corpus=ls.provenance_corpora(), data=st.data(), topology=ls.topologies(max_world=4, replication=False))
-def test_every_rank_runs_the_same_number_of_steps(loadspec_adapter, corpus, data, topology):
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_every_rank_runs_the_same_number_of_steps(loadspec_adapter, corpus, data):
     config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 4), label="topology")
     with tempfile.TemporaryDirectory() as tmp, Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
         steps = [len(batches) for batches in _epoch(loaders)]
     check(len(set(steps)) <= 1, clause="PART-1", what=f"ranks ran {steps} steps: a collective would hang",
@@ -100,9 +111,10 @@ def test_every_rank_runs_the_same_number_of_steps(loadspec_adapter, corpus, data
 
 
 @pytest.mark.clause("PART-1", "PACK-7", "PACK-12")
-@given(corpus=ls.provenance_corpora(), data=st.data(), topology=ls.topologies(max_world=3, replication=False))
-def test_no_within_document_pair_is_trained_twice_in_an_epoch(loadspec_adapter, corpus, data, topology):
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_no_within_document_pair_is_trained_twice_in_an_epoch(loadspec_adapter, corpus, data):
     config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 3), label="topology")
     with tempfile.TemporaryDirectory() as tmp, Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
         counts = pair_counts(_rows(_epoch(loaders)))
     twice = sorted(p for p, c in counts.items() if c > 1)
@@ -117,9 +129,10 @@ def _universe(adapter, corpus, config, workdir: Path) -> Counter:
 
 
 @pytest.mark.clause("PART-1", "PART-7", "PACK-7", "PACK-18")
-@given(corpus=ls.provenance_corpora(), data=st.data(), topology=ls.topologies(max_world=3, replication=False))
-def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus, data, topology):
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus, data):
     config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 3), label="topology")
     with tempfile.TemporaryDirectory() as tmp:
         universe = _universe(loadspec_adapter, corpus, config, Path(tmp))
         with Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
@@ -141,11 +154,12 @@ def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus,
 
 @pytest.mark.clause("RES-1", "RES-2")
 @pytest.mark.capability("resume")
-@given(corpus=ls.provenance_corpora(), data=st.data(), topology=ls.topologies(max_world=2, replication=False),
+@given(corpus=ls.provenance_corpora(), data=st.data(),
        k=st.integers(0, 8), j=st.integers(0, 3))
 def test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_resumed_twice(
-        loadspec_adapter, corpus, data, topology, k, j):
+        loadspec_adapter, corpus, data, k, j):
     config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 2), label="topology")
     with tempfile.TemporaryDirectory() as tmp:
         def run(states: list[Any] | None, steps: int | None) -> tuple[list[list[list[Any]]], list[Any]]:
             with Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
@@ -168,9 +182,9 @@ def test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_res
 
 
 @st.composite
-def _topology_changes(draw, workers: bool) -> tuple[Topology, Topology]:
+def _topology_changes(draw, workers: bool, max_world: int) -> tuple[Topology, Topology]:
     def one() -> Topology:
-        return Topology(world_size=draw(st.integers(1, 3)), batch_size=draw(st.integers(1, 3)),
+        return Topology(world_size=draw(st.integers(1, max_world)), batch_size=draw(st.integers(1, 3)),
                         num_workers=draw(st.integers(0, 2)) if workers else 0)
     before, after = one(), one()
     assume(before != after)
@@ -191,7 +205,8 @@ def test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once
     state out of lockstep has no consistent checkpoint to grade).
     """
     config = data.draw(_configs(loadspec_adapter))
-    before, after = data.draw(_topology_changes("workers" in loadspec_adapter.capabilities))
+    before, after = data.draw(_topology_changes("workers" in loadspec_adapter.capabilities,
+                                                    _max_world(loadspec_adapter, 3)))
     skew = skew if before.world_size > 1 and restore == "rank0" else 0
     repro = _repro(corpus, config, (before, after), k=k, skew=skew, restore=restore)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""The kit's worked example: a complete adapter for a third-party loader (``tiny_loader.TinyLoader``) in 24 lines.
+"""The kit's worked example: a complete adapter for a third-party loader (``tiny_loader.TinyLoader``): 14 lines of code.
 
 Run the kit on it: ``pytest --pyargs conformance.tests --loadspec-loader conformance.examples.third_party:adapter``.
 The loader does not pack, so the adapter packs the corpus with the kit's

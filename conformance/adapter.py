@@ -67,7 +67,8 @@ CAPABILITIES = frozenset({
     "bit_exact",          # rows equal the reference's, field for field
     "resume",             # state_dict/load_state_dict reproduce the stream (RES-1, RES-2)
     "elastic",            # resume on another world size or batch size (RES-4)
-    "workers",            # num_workers > 0 gives the same stream (RES-5)
+    "workers",            # the loader runs with num_workers > 0 (topology changes may change the worker count)
+    "workers:same_stream",  # num_workers > 0 gives the same stream as 0 (RES-5: a loadspec promise, not every loader's)
     "replication",        # replication > 1 (PART)
     "end:drop_last", "end:pad", "end:even",
     "ordering:sequential", "ordering:global", "ordering:window", "ordering:buffer",

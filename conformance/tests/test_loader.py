@@ -163,7 +163,7 @@ def test_resume_after_world_size_change_sees_every_sample_once(loadspec_adapter,
 
 
 @pytest.mark.clause("RES-5")
-@pytest.mark.capability("workers")
+@pytest.mark.capability("workers", "workers:same_stream")
 @given(corpus=ls.corpora(), data=st.data(), workers=st.integers(1, 2))
 def test_worker_count_does_not_change_the_stream(loadspec_adapter, corpus, data, workers):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))

@@ -8,6 +8,7 @@ its state is ``{"epoch": e, "loader": <the peer's own state>}``, untouched.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,10 +33,12 @@ class EpochLoader:
         self.loader, self.on_epoch, self.to_rows = loader, on_epoch, to_rows
         self.epoch = 0
         self._it: Iterator[Any] | None = None
+        self._opened: list[Any] = []
 
     def __iter__(self) -> Iterator[list[CanonicalRow]]:
         self.on_epoch(self.epoch)
         self._it = iter(self.loader)
+        self._opened.append(self._it)
         for batch in self._it:
             yield self.to_rows(batch, self.epoch)
         self._it = None
@@ -55,4 +58,10 @@ class EpochLoader:
         self.loader.load_state_dict(state["loader"])
 
     def close(self) -> None:
-        self._it = None
+        """Stop the worker processes of every iterator this loader opened (an abandoned one keeps them alive)."""
+        for it in [*self._opened, getattr(self.loader, "_iterator", None)]:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        self._opened, self._it = [], None
+        gc.collect()  # an abandoned generator cycle still holds its iterator; collecting it stops those workers

@@ -26,6 +26,10 @@ class TorchdataMapAdapter:
         if workers:
             self.name, self.capabilities = "torchdata-map-2-workers", self.capabilities | {"workers"}
 
+    def is_refusal(self, exc):
+        """torchdata refuses a state taken with another worker count by a bare ``AssertionError`` (at the first batch)."""
+        return isinstance(exc, (AssertionError, ValueError, RuntimeError))
+
     def build(self, corpus, config, topology, *, workdir):
         from torch.utils.data import DistributedSampler
 

@@ -177,6 +177,23 @@ def render(runs: list[LoaderRun], *, profile: str, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _combined(runs: list[LoaderRun], kept: list[LoaderRun]) -> list[LoaderRun]:
+    """This run's rows, then earlier rows of other loaders, in ``LOADERS`` order (written after every loader)."""
+    labels = {r.label for r in runs}
+    merged = list(runs)
+    for r in kept:
+        if r.label not in labels:
+            labels.add(r.label)
+            merged.append(r)
+    order = list(LOADERS)
+    return sorted(merged, key=lambda r: order.index(r.label) if r.label in order else len(order))
+
+
+def _write(out: Path, runs: list[LoaderRun], *, profile: str, command: str) -> None:
+    atomic_write_bytes(out / "MATRIX.md", render(runs, profile=profile, command=command).encode())
+    atomic_write_bytes(out / "matrix.json", (json.dumps([asdict(r) for r in runs], indent=1) + "\n").encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--describe", metavar="SPEC", help=argparse.SUPPRESS)
@@ -193,28 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(describe(args.describe)))
         return 0
     loaders = dict(item.split("=", 1) for item in args.loader) if args.loader else ({} if args.merge else LOADERS)
-    runs = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    earlier = list(args.merge) + ([str(out / "matrix.json")] if args.update and (out / "matrix.json").exists() else [])
+    kept_runs = [_load_run(data) for path in earlier for data in json.loads(Path(path).read_text(encoding="utf-8"))]
+    command = "python -m conformance.matrix" + (f" --profile {args.profile}" if args.profile != "dev" else "")
+    runs: list[LoaderRun] = []
     for label, spec in loaders.items():
         print(f"[matrix] {label}: {spec}", flush=True)
         runs.append(run_loader(label, spec, profile=args.profile, timeout=args.timeout))
         print(f"[matrix]   {runs[-1].status} {runs[-1].version} in {runs[-1].seconds:.0f}s: "
               + ", ".join(f"{t}={o.status}" for t, o in runs[-1].outcomes.items() if o.status != "pass"), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    earlier = list(args.merge) + ([str(out / "matrix.json")] if args.update and (out / "matrix.json").exists() else [])
-    if earlier:
-        fresh = {r.label for r in runs}
-        kept = []
-        for path in earlier:
-            for data in json.loads(Path(path).read_text(encoding="utf-8")):
-                if data["label"] not in fresh:
-                    fresh.add(data["label"])
-                    kept.append(_load_run(data))
-        order = list(LOADERS)
-        runs = sorted(kept + runs, key=lambda r: order.index(r.label) if r.label in order else len(order))
-    command = "python -m conformance.matrix" + (f" --profile {args.profile}" if args.profile != "dev" else "")
-    atomic_write_bytes(out / "MATRIX.md", render(runs, profile=args.profile, command=command).encode())
-    atomic_write_bytes(out / "matrix.json", (json.dumps([asdict(r) for r in runs], indent=1) + "\n").encode())
+        _write(out, _combined(runs, kept_runs), profile=args.profile, command=command)
+    _write(out, _combined(runs, kept_runs), profile=args.profile, command=command)
     print(f"[matrix] wrote {out / 'MATRIX.md'}")
     return 0
 

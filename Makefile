@@ -26,7 +26,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15
-	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loader conformance.adapters.reference:adapter
+	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loadspec-loader conformance.adapters.reference:adapter
 	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable
 
 lint: $(STAMP)
@@ -40,7 +40,7 @@ clean:
 	rm -rf $(VENV) .hypothesis .benchmarks
 
 # ---- benchmarks (benchmarks/README.md): a separate venv with the peers (MosaicML streaming, LitData, matplotlib)
-.PHONY: bench bench-env bench-compare bench-report test-bench-smoke
+.PHONY: bench bench-env bench-compare bench-report test-bench-smoke matrix
 BENCH_VENV := .venv-bench
 BENCH_BIN := $(BENCH_VENV)/bin
 BENCH_STAMP := $(BENCH_VENV)/.loadspec-bench-installed
@@ -64,6 +64,10 @@ bench-compare: $(BENCH_STAMP)
 
 bench-report: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m benchmarks.report $(BENCH_JSON)
+
+# The conformance matrix (conformance/report/MATRIX.md): the kit run on impl, the reference and every peer.
+matrix: $(BENCH_STAMP)
+	$(BENCH_BIN)/python -m conformance.matrix
 
 test-bench-smoke: $(STAMP)
 	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable

@@ -1,77 +1,165 @@
 """The loadspec conformance kit as a pytest plugin (registered by the ``pytest11`` entry point).
 
+Why it is written as a guest: a ``pytest11`` entry point runs in *every*
+project of the environment. So this module imports nothing optional at import
+or configure time (hypothesis is imported only when a kit test runs), never
+loads a hypothesis profile globally, and takes only namespaced names.
+
 What it adds:
-- hypothesis profiles ``ci`` (bounded, derandomised: the same examples on every
-  run) and ``thorough`` (deep local runs), chosen by ``LOADSPEC_HYPOTHESIS_PROFILE``
-  (default ``ci``);
+- ``--loadspec-loader module:factory`` (env ``LOADSPEC_LOADER``; default impl):
+  the loader under test; the ``loadspec_adapter`` fixture returns the adapter
+  it builds, and skips a test marked ``capability(...)`` the loader lacks;
+- the kit's hypothesis budget (``conformance.budget``, chosen by
+  ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` by default, ``thorough``, ``dev``),
+  applied to tests inside the ``conformance`` package only;
+- ``--loadspec-xfails FILE`` / ``--loadspec-skips FILE``: one test id (or id
+  prefix) per line, ``#`` comments, so a team can track its known failures
+  (the array-api-tests convention);
 - markers ``clause(id, ...)``, ``capability(name, ...)`` and ``gloo``;
-- ``--loader module:factory``, the loader under test; the ``loader`` fixture
-  returns the adapter it builds, and a test marked with a capability the loader
-  lacks is skipped with the reason.
+- a report header naming the loader under test, its version and capabilities
+  (when the kit's own tests run or a loader was chosen).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import warnings
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-PROFILE_ENV = "LOADSPEC_HYPOTHESIS_PROFILE"
 DEFAULT_LOADER = "conformance.adapters.impl:adapter"
-
-
-def _register_hypothesis_profiles() -> None:
-    from hypothesis import HealthCheck, settings
-
-    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    settings.register_profile("ci", max_examples=30, derandomize=True, print_blob=True, **common)
-    settings.register_profile("thorough", max_examples=600, print_blob=True, **common)
-    settings.register_profile("dev", max_examples=10, derandomize=True, **common)
-    name = os.environ.get(PROFILE_ENV, "ci")
-    if name not in ("ci", "thorough", "dev"):
-        raise pytest.UsageError(f"{PROFILE_ENV}={name!r}: choose one of ci, thorough, dev")
-    settings.load_profile(name)
+LOADER_ENV = "LOADSPEC_LOADER"
+KIT_ROOT = Path(__file__).resolve().parent
+INSTALL_HINT = "the loadspec conformance kit needs hypothesis: pip install 'loadspec[conformance]'"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("loadspec", "loadspec conformance kit")
-    group.addoption("--loader", action="store", default=os.environ.get("LOADSPEC_LOADER", DEFAULT_LOADER),
-                    help="the loader under test as module:factory; the factory returns a conformance.adapter.LoaderAdapter "
-                         f"(default {DEFAULT_LOADER}; the reference is conformance.adapters.reference:adapter)")
+    group.addoption("--loadspec-loader", action="store", default=None, metavar="MODULE:FACTORY",
+                    help=f"the loader under test; the factory returns a conformance.adapter.LoaderAdapter (default: "
+                         f"${LOADER_ENV} or {DEFAULT_LOADER}; the reference is conformance.adapters.reference:adapter)")
+    group.addoption("--loadspec-xfails", action="store", default=None, metavar="FILE",
+                    help="file of test ids (one per line, # comments) the loader under test is known to fail: xfail")
+    group.addoption("--loadspec-skips", action="store", default=None, metavar="FILE",
+                    help="file of test ids (one per line, # comments) to skip for the loader under test")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _register_hypothesis_profiles()
     config.addinivalue_line("markers", "clause(*ids): the docs/SEMANTICS.md clause(s) a test checks")
     config.addinivalue_line("markers", "capability(*names): adapter capabilities the test needs; skipped when absent")
     config.addinivalue_line("markers", "gloo: multi-process torch.distributed (gloo) test")
 
 
-def load_adapter(spec: str):
+def loader_spec(config: pytest.Config) -> str:
+    return config.getoption("--loadspec-loader") or os.environ.get(LOADER_ENV) or DEFAULT_LOADER
+
+
+def load_adapter(spec: str) -> Any:
     """Import ``module:factory`` and call the factory; errors name the fix."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise pytest.UsageError(f"--loader {spec!r}: write it as module:factory, e.g. conformance.adapters.reference:adapter")
+        raise pytest.UsageError(f"--loadspec-loader {spec!r}: write it as module:factory, "
+                                "e.g. conformance.adapters.reference:adapter")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise pytest.UsageError(f"--loader {spec!r} could not be imported: {exc}") from exc
+        raise pytest.UsageError(f"--loadspec-loader {spec!r} could not be imported: {exc}") from exc
     return factory()
 
 
+def _runs_kit(config: pytest.Config) -> bool:
+    explicit = config.getoption("--loadspec-loader") or os.environ.get(LOADER_ENV)
+    return bool(explicit) or (KIT_ROOT.parent / "pyproject.toml").exists() and Path(config.rootpath) == KIT_ROOT.parent
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if not _runs_kit(config):
+        return None
+    spec = loader_spec(config)
+    try:
+        adapter = load_adapter(spec)
+    except pytest.UsageError as exc:
+        return [f"loadspec: loader under test {spec}: {exc}"]
+    version = getattr(adapter, "version", None) or "unversioned"
+    caps = ", ".join(sorted(adapter.capabilities))
+    return [f"loadspec: loader under test {adapter.name} {version} ({spec})", f"loadspec: capabilities: {caps}"]
+
+
+# --------------------------------------------------------------------------- the adapter fixture
+
+
 @pytest.fixture(scope="session")
-def loader(request: pytest.FixtureRequest):
-    """The adapter of the loader under test (``--loader``)."""
-    return load_adapter(request.config.getoption("--loader"))
+def _loadspec_session_adapter(request: pytest.FixtureRequest) -> Any:
+    return load_adapter(loader_spec(request.config))
 
 
-@pytest.fixture(autouse=True)
-def _skip_missing_capabilities(request: pytest.FixtureRequest) -> None:
+@pytest.fixture
+def loadspec_adapter(request: pytest.FixtureRequest, _loadspec_session_adapter: Any) -> Any:
+    """The adapter of the loader under test; a test marked ``capability(...)`` it lacks is skipped with the reason."""
     marker = request.node.get_closest_marker("capability")
-    if marker is None or "loader" not in request.fixturenames:
+    if marker is not None:
+        missing = [c for c in marker.args if c not in _loadspec_session_adapter.capabilities]
+        if missing:
+            pytest.skip(f"loader {_loadspec_session_adapter.name!r} lacks capabilities {missing}")
+    return _loadspec_session_adapter
+
+
+# --------------------------------------------------------------------------- known failures and the budget
+
+
+def read_id_file(path: str) -> list[str]:
+    """Test ids of an xfails/skips file: one per line, blank lines and ``#`` comments ignored."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise pytest.UsageError(f"cannot read the loadspec id file {path!r}: {exc}") from exc
+    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def _matches(nodeid: str, entry: str) -> bool:
+    return nodeid == entry or nodeid.startswith((entry + "[", entry + "::")) or nodeid.endswith(("/" + entry, "::" + entry)) or "/" + entry + "[" in nodeid
+
+
+def _in_kit(item: pytest.Item) -> bool:
+    try:
+        return Path(str(item.path)).resolve().is_relative_to(KIT_ROOT)
+    except (OSError, ValueError):
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for option, mark in (("--loadspec-xfails", "xfail"), ("--loadspec-skips", "skip")):
+        path = config.getoption(option)
+        if not path:
+            continue
+        entries = read_id_file(path)
+        used: set[str] = set()
+        for item in items:
+            for entry in entries:
+                if _matches(item.nodeid, entry):
+                    used.add(entry)
+                    reason = f"listed in {option} {path}"
+                    item.add_marker(pytest.mark.xfail(reason=reason, strict=False) if mark == "xfail"
+                                    else pytest.mark.skip(reason=reason))
+                    break
+        for entry in entries:
+            if entry not in used:
+                warnings.warn(f"{option} {path}: {entry!r} matches no collected test", stacklevel=1)
+    for item in items:
+        if _in_kit(item):
+            _apply_kit_budget(item)
+
+
+def _apply_kit_budget(item: pytest.Item) -> None:
+    """Give a kit hypothesis test the kit's budget, keeping what its own ``@settings`` set explicitly."""
+    fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+    if fn is None or not getattr(fn, "is_hypothesis_test", False) or getattr(fn, "_loadspec_budget", False):
         return
-    adapter = request.getfixturevalue("loader")
-    missing = [c for c in marker.args if c not in adapter.capabilities]
-    if missing:
-        pytest.skip(f"loader {adapter.name!r} lacks capabilities {missing}")
+    from conformance.budget import with_kit_budget
+
+    fn._hypothesis_internal_use_settings = with_kit_budget(
+        fn._hypothesis_internal_use_settings, explicit=getattr(fn, "_hypothesis_internal_settings_applied", False))
+    fn._loadspec_budget = True

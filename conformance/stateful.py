@@ -253,7 +253,7 @@ class LoaderMachine(RuleBasedStateMachine):
     def start(self, corpus, data, topology: Topology) -> None:
         self.corpus = corpus
         self.config = data.draw(ls.pipeline_configs(self.adapter.capabilities), label="config")
-        if not required_capabilities(self.config, topology) <= self.adapter.capabilities:
+        if not required_capabilities(self.config, topology, self.adapter.capabilities) <= self.adapter.capabilities:
             topology = Topology(batch_size=topology.batch_size)
         self.epoch, self.consumed = 0, 0
         self.log.append(f"start({topology})")

@@ -47,41 +47,68 @@ def corpora(draw, *, max_files: int = 5, max_docs: int = 8, max_len: int = 40, m
     return corpus
 
 
-def ordering_configs(kinds: Iterable[str] = ("sequential", "global", "window", "buffer")) -> st.SearchStrategy[OrderingConfig]:
+def ordering_configs(kinds: Iterable[str] = ("sequential", "global", "window", "buffer"), *,
+                     max_seed: int = 2**32) -> st.SearchStrategy[OrderingConfig]:
     return st.builds(lambda kind, seed, window, buffer_size: OrderingConfig(kind=kind, seed=seed, window=window, buffer_size=buffer_size),
-                     st.sampled_from(sorted(kinds)), st.integers(0, 2**32), st.integers(1, 9), st.integers(0, 9))
+                     st.sampled_from(sorted(kinds)), st.integers(0, max_seed), st.integers(1, 9), st.integers(0, 9))
 
 
 def packing_configs(modes: Iterable[str] = ("concat", "chunk", "greedy", "first_fit", "best_fit", "none"), *,
-                    options: bool = True, max_seq_len: int = 24) -> st.SearchStrategy[PackingConfig]:
+                    options: bool = True, max_seq_len: int = 24, stride: bool = True) -> st.SearchStrategy[PackingConfig]:
     @st.composite
     def build(draw):
         mode = draw(st.sampled_from(sorted(modes)))
         seq_len = draw(st.integers(1, max_seq_len))
-        kwargs: dict = dict(seq_len=seq_len, mode=mode, window=draw(st.integers(1, 8)), pad_id=PAD)
+        kwargs: dict = {"seq_len": seq_len, "mode": mode, "window": draw(st.integers(1, 8)), "pad_id": PAD}
         if options and draw(st.booleans()):
             bos_cont = seq_len > 2 and draw(st.booleans())
             room = seq_len - (1 if bos_cont else 0)
             kwargs.update(add_bos=draw(st.booleans()), add_eos=draw(st.booleans()), bos_id=BOS, eos_id=EOS,
                           min_len=draw(st.integers(0, 3)), overflow=draw(st.sampled_from(["split", "truncate"])),
-                          bos_on_continuation=bos_cont, stride=draw(st.integers(0, max(0, min(3, room - 1)))))
+                          bos_on_continuation=bos_cont, stride=draw(st.integers(0, max(0, min(3, room - 1)))) if stride else 0)
         return PackingConfig(**kwargs)
     return build()
 
 
-def pipeline_configs(capabilities: Iterable[str] | None = None) -> st.SearchStrategy[PipelineConfig]:
-    """Pipeline configs restricted to a loader's declared capabilities."""
+def pipeline_configs(capabilities: Iterable[str] | None = None, *, max_seed: int = 2**32,
+                     stride: bool = True) -> st.SearchStrategy[PipelineConfig]:
+    """Pipeline configs restricted to a loader's declared capabilities (``shuffle:seeded`` draws global orders)."""
     caps = set(capabilities) if capabilities is not None else None
 
     def allowed(prefix: str, names: Iterable[str]) -> list[str]:
         return [n for n in names if caps is None or f"{prefix}:{n}" in caps]
 
     kinds = allowed("ordering", ["sequential", "global", "window", "buffer"])
+    if caps is not None and "shuffle:seeded" in caps and "global" not in kinds:
+        kinds.append("global")
     modes = allowed("packing", ["concat", "chunk", "greedy", "first_fit", "best_fit", "none"])
     ends = allowed("end", ["drop_last", "pad", "even"])
     options = caps is None or "packing:options" in caps
     return st.builds(lambda o, p, e: PipelineConfig(ordering=o, packing=p, end=e),
-                     ordering_configs(kinds), packing_configs(modes, options=options), st.sampled_from(ends))
+                     ordering_configs(kinds, max_seed=max_seed), packing_configs(modes, options=options, stride=stride),
+                     st.sampled_from(ends))
+
+
+def adapter_configs(adapter: object, **kwargs: object) -> st.SearchStrategy[PipelineConfig]:
+    """``pipeline_configs`` for an adapter: its capabilities and its declared ``limits`` (e.g. ``{"max_seed": ...}``)."""
+    limits = dict(getattr(adapter, "limits", {}) or {})
+    return pipeline_configs(adapter.capabilities, max_seed=int(limits.get("max_seed", 2**32)), **kwargs)  # type: ignore[attr-defined, arg-type]
+
+
+@st.composite
+def provenance_corpora(draw, *, max_files: int = 4, max_docs: int = 10, max_len: int = 40) -> list[list[list[int]]]:
+    """Corpora where provenance bugs show: a few documents repeat their tokens, others share a prefix.
+
+    Why targeted: a loader that swaps two documents, restarts a document one
+    offset late or duplicates a row after a resume is caught only when the
+    rows differ in content; repeated tokens make labels that are right by
+    accident rare, and enough tokens make several global batches.
+    """
+    corpus = draw(corpora(max_files=max_files, max_docs=max_docs, max_len=max_len))
+    total = sum(len(d) for f in corpus for d in f)
+    if total < 60:
+        corpus.append([list(range(1, 61 - total)), [7, 7, 7, 7, 8, 8, 8, 8]])
+    return corpus
 
 
 @st.composite

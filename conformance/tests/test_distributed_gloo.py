@@ -36,10 +36,10 @@ CONFIG = PipelineConfig(packing=PackingConfig(seq_len=16, mode="concat", pad_id=
 
 
 @pytest.fixture(autouse=True)
-def _only_for_impl(loader):
-    """These jobs run impl's loader in every rank; under another ``--loader`` they would test nothing new."""
-    if loader.name != "impl":
-        pytest.skip(f"gloo jobs exercise impl's loader; --loader selects {loader.name!r}")
+def _only_for_impl(loadspec_adapter):
+    """These jobs run impl's loader in every rank; under another ``--loadspec-loader`` they would test nothing new."""
+    if loadspec_adapter.name != "impl":
+        pytest.skip(f"gloo jobs exercise impl's loader; --loadspec-loader selects {loadspec_adapter.name!r}")
 
 
 def _corpus() -> list[list[list[int]]]:

@@ -1,7 +1,7 @@
-"""The conformance suite: the loader under test (``--loader``) against the reference.
+"""The conformance suite: the loadspec_adapter under test (``--loadspec_adapter``) against the reference.
 
 Each test builds every rank of a topology through the adapter, runs it, and
-compares with ``reference.resume``. Configs are drawn only from the loader's
+compares with ``reference.resume``. Configs are drawn only from the loadspec_adapter's
 declared capabilities; tests that need more are skipped with the reason.
 """
 
@@ -30,39 +30,40 @@ def _rank_topologies(t: Topology) -> list[Topology]:
 
 def _reference_epochs(corpus, config: PipelineConfig, t: Topology, epochs: int = 1) -> list[list[list[CanonicalRow]]]:
     """The reference's batches for the first ``epochs`` passes, one list per epoch."""
-    loader = ReferenceLoader(corpus, config, t)
-    return [[[CanonicalRow.from_reference(r) for r in batch] for batch in loader] for _ in range(epochs)]
+    loadspec_adapter = ReferenceLoader(corpus, config, t)
+    return [[[CanonicalRow.from_reference(r) for r in batch] for batch in loadspec_adapter] for _ in range(epochs)]
 
 
 def _repro(corpus, config, topology, **extra):
     return {"corpus": corpus, "config": config, "topology": topology, **extra}
 
 
-def _supported(loader, config: PipelineConfig, topology: Topology | None = None) -> bool:
-    return required_capabilities(config, topology) <= loader.capabilities
+def _supported(loadspec_adapter, config: PipelineConfig, topology: Topology | None = None) -> bool:
+    return required_capabilities(config, topology, loadspec_adapter.capabilities) <= loadspec_adapter.capabilities
 
 
 @pytest.mark.clause("RES-1", "PART-1", "PACK-1", "ORD-1")
 @pytest.mark.capability("bit_exact")
 @given(corpus=ls.corpora(), data=st.data(), topology=ls.topologies())
-def test_every_rank_batch_equals_the_reference_bit_for_bit(loader, corpus, data, topology):
-    config = data.draw(ls.pipeline_configs(loader.capabilities))
-    assume(_supported(loader, config, topology))
+def test_every_rank_batch_equals_the_reference_bit_for_bit(loadspec_adapter, corpus, data, topology):
+    config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
+    assume(_supported(loadspec_adapter, config, topology))
     with tempfile.TemporaryDirectory() as tmp:
         for t in _rank_topologies(topology):
-            built = loader.build(corpus, config, t, workdir=Path(tmp))
+            built = loadspec_adapter.build(corpus, config, t, workdir=Path(tmp))
             got = [list(b) for b in built]
             assert_equal(got, _reference_epochs(corpus, config, t)[0], clause="RES-1", what=f"rank {t.rank} batches of epoch 0",
                          repro=_repro(corpus, config, t))
 
 
 @pytest.mark.clause("PART-1", "SHARD-1")
+@pytest.mark.capability("bit_exact")
 @given(corpus=ls.corpora(), data=st.data(), topology=ls.topologies())
-def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loader, corpus, data, topology):
-    config = data.draw(ls.pipeline_configs(loader.capabilities))
-    assume(_supported(loader, config, topology) and config.end == "drop_last")
+def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loadspec_adapter, corpus, data, topology):
+    config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
+    assume(_supported(loadspec_adapter, config, topology) and config.end == "drop_last")
     with tempfile.TemporaryDirectory() as tmp:
-        per_rank = [list(loader.build(corpus, config, t, workdir=Path(tmp))) for t in _rank_topologies(topology)]
+        per_rank = [list(loadspec_adapter.build(corpus, config, t, workdir=Path(tmp))) for t in _rank_topologies(topology)]
     steps = {len(b) for b in per_rank}
     check(len(steps) == 1, clause="PART-1", what=f"ranks ran different step counts {steps}: a collective would hang",
           repro=_repro(corpus, config, topology))
@@ -80,11 +81,11 @@ def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loader, corpu
 @pytest.mark.clause("RES-1", "RES-2")
 @pytest.mark.capability("resume")
 @given(corpus=ls.corpora(), data=st.data(), topology=ls.topologies(max_world=2), k=ls.positions)
-def test_resuming_at_any_step_continues_the_uninterrupted_stream(loader, corpus, data, topology, k):
-    config = data.draw(ls.pipeline_configs(loader.capabilities))
-    assume(_supported(loader, config, topology))
+def test_resuming_at_any_step_continues_the_uninterrupted_stream(loadspec_adapter, corpus, data, topology, k):
+    config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
+    assume(_supported(loadspec_adapter, config, topology))
     with tempfile.TemporaryDirectory() as tmp:
-        make = lambda: loader.build(corpus, config, topology, workdir=Path(tmp))  # noqa: E731
+        make = lambda: loadspec_adapter.build(corpus, config, topology, workdir=Path(tmp))
         horizon = k + 6
         uninterrupted = take(make(), horizon)
         k = min(k, len(uninterrupted))
@@ -99,12 +100,12 @@ def test_resuming_at_any_step_continues_the_uninterrupted_stream(loader, corpus,
 
 
 @pytest.mark.clause("RES-2")
-@pytest.mark.capability("resume")
+@pytest.mark.capability("resume", "state:version", "state:fingerprint")
 @given(corpus=ls.corpora(), data=st.data(), k=st.integers(0, 5))
-def test_state_is_small_json_with_version_and_fingerprint(loader, corpus, data, k):
-    config = data.draw(ls.pipeline_configs(loader.capabilities))
+def test_state_is_small_json_with_version_and_fingerprint(loadspec_adapter, corpus, data, k):
+    config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     with tempfile.TemporaryDirectory() as tmp:
-        built = loader.build(corpus, config, Topology(), workdir=Path(tmp))
+        built = loadspec_adapter.build(corpus, config, Topology(), workdir=Path(tmp))
         take(built, k)
         state = built.state_dict()
     text = json.dumps(state)
@@ -114,14 +115,14 @@ def test_state_is_small_json_with_version_and_fingerprint(loader, corpus, data, 
 
 
 @pytest.mark.clause("RES-3")
-@pytest.mark.capability("resume")
+@pytest.mark.capability("resume", "state:version", "state:fingerprint")
 @given(corpus=ls.corpora(min_documents=2), data=st.data())
-def test_a_state_from_other_data_or_a_future_version_is_refused(loader, corpus, data):
-    config = data.draw(ls.pipeline_configs(loader.capabilities))
+def test_a_state_from_other_data_or_a_future_version_is_refused(loadspec_adapter, corpus, data):
+    config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     other = [[[t + 1 for t in doc] for doc in f] for f in corpus] + [[[7, 7, 7]]]
     with tempfile.TemporaryDirectory() as tmp:
-        a = loader.build(corpus, config, Topology(), workdir=Path(tmp) / "a")
-        b = loader.build(other, config, Topology(), workdir=Path(tmp) / "b")
+        a = loadspec_adapter.build(corpus, config, Topology(), workdir=Path(tmp) / "a")
+        b = loadspec_adapter.build(other, config, Topology(), workdir=Path(tmp) / "b")
         assert_raises_typed(StateError, b.load_state_dict, a.state_dict(), clause="RES-3",
                             what="loading a state of other data", mentions=["fingerprint"])
         future = dict(a.state_dict(), version=a.state_dict()["version"] + 1)
@@ -130,15 +131,15 @@ def test_a_state_from_other_data_or_a_future_version_is_refused(loader, corpus, 
 
 
 @pytest.mark.clause("RES-4", "PART-3")
-@pytest.mark.capability("resume", "elastic", "end:drop_last")
+@pytest.mark.capability("bit_exact", "resume", "elastic", "end:drop_last")
 @given(corpus=ls.corpora(max_docs=12), data=st.data(), before=ls.topologies(replication=False),
        after=ls.topologies(replication=False), k=st.integers(0, 6))
-def test_resume_after_world_size_change_sees_every_sample_once(loader, corpus, data, before, after, k):
-    drawn = data.draw(ls.pipeline_configs(loader.capabilities))
+def test_resume_after_world_size_change_sees_every_sample_once(loadspec_adapter, corpus, data, before, after, k):
+    drawn = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     config = PipelineConfig(ordering=drawn.ordering, packing=drawn.packing, end="drop_last")
     total = len(ReferenceLoader(corpus, config).samples(0))
     with tempfile.TemporaryDirectory() as tmp:
-        loaders = [loader.build(corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(before)]
+        loaders = [loadspec_adapter.build(corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(before)]
         iterators = [iter(ld) for ld in loaders]
         seen: list[int] = []
         for _ in range(k):
@@ -148,7 +149,7 @@ def test_resume_after_world_size_change_sees_every_sample_once(loader, corpus, d
             seen += [row.sample_index for batch in step for row in batch]
         else:
             state = json.loads(json.dumps(loaders[0].state_dict()))
-            resumed = [loader.build(corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(after)]
+            resumed = [loadspec_adapter.build(corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(after)]
             for ld in resumed:
                 ld.load_state_dict(state)
             seen += [row.sample_index for ld in resumed for batch in ld for row in batch]
@@ -162,13 +163,13 @@ def test_resume_after_world_size_change_sees_every_sample_once(loader, corpus, d
 
 
 @pytest.mark.clause("RES-5")
-@pytest.mark.capability("workers")
+@pytest.mark.capability("workers", "workers:same_stream")
 @given(corpus=ls.corpora(), data=st.data(), workers=st.integers(1, 2))
-def test_worker_count_does_not_change_the_stream(loader, corpus, data, workers):
-    config = data.draw(ls.pipeline_configs(loader.capabilities))
+def test_worker_count_does_not_change_the_stream(loadspec_adapter, corpus, data, workers):
+    config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     with tempfile.TemporaryDirectory() as tmp:
-        plain = list(loader.build(corpus, config, Topology(batch_size=2), workdir=Path(tmp)))
-        with_workers = list(loader.build(corpus, config, Topology(batch_size=2, num_workers=workers), workdir=Path(tmp)))
+        plain = list(loadspec_adapter.build(corpus, config, Topology(batch_size=2), workdir=Path(tmp)))
+        with_workers = list(loadspec_adapter.build(corpus, config, Topology(batch_size=2, num_workers=workers), workdir=Path(tmp)))
     assert_equal(with_workers, plain, clause="RES-5", what=f"batches with num_workers={workers}",
                  repro={"corpus": corpus, "config": config})
 
@@ -176,14 +177,14 @@ def test_worker_count_does_not_change_the_stream(loader, corpus, data, workers):
 @pytest.mark.clause("RES-7", "ORD-1")
 @pytest.mark.capability("resume")
 @given(corpus=ls.corpora(min_documents=4), data=st.data())
-def test_the_next_epoch_follows_the_last_batch_of_the_previous_one(loader, corpus, data):
-    config = data.draw(ls.pipeline_configs(loader.capabilities))
+def test_the_next_epoch_follows_the_last_batch_of_the_previous_one(loadspec_adapter, corpus, data):
+    config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     with tempfile.TemporaryDirectory() as tmp:
-        built = loader.build(corpus, config, Topology(), workdir=Path(tmp))
+        built = loadspec_adapter.build(corpus, config, Topology(), workdir=Path(tmp))
         first = list(built)
         second = list(built)
     check(all(r.epoch == 0 for b in first for r in b), clause="RES-7", what="first pass yields epoch 0")
     check(all(r.epoch == 1 for b in second for r in b), clause="RES-7", what="second pass yields epoch 1")
-    if "bit_exact" in loader.capabilities:
+    if "bit_exact" in loadspec_adapter.capabilities:
         assert_equal([first, second], _reference_epochs(corpus, config, Topology(), 2), clause="RES-7",
                      what="epoch 0 and epoch 1 batches", repro={"corpus": corpus, "config": config})

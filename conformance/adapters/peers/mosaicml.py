@@ -1,0 +1,80 @@
+"""MosaicML ``StreamingDataset`` + ``StreamingDataLoader`` over MDS written from the corpus, shuffle on and off.
+
+One rank only (``limits``): with ``WORLD_SIZE > 1`` streaming joins a real
+``torch.distributed`` group, so its ranks cannot be simulated in one process;
+batch-size and worker changes at a checkpoint are graded. Each build gets its
+own copy of the MDS directory (streaming refuses two live datasets on one
+local directory), and ``close()`` releases the dataset's shared memory.
+"""
+
+import gc
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from types import MappingProxyType
+
+from conformance.adapters.peers import require
+from conformance.adapters.peers._common import EpochLoader, identity
+from conformance.provenance import ROW_COLUMNS, pack_corpus
+
+
+class MosaicLoader(EpochLoader):
+    def __init__(self, loader, dataset, local: Path) -> None:
+        super().__init__(loader)
+        self.dataset, self.local = dataset, local
+
+    def close(self) -> None:
+        super().close()
+        prefix = getattr(self.dataset, "_shm_prefix_int", None)
+        self.loader = self.dataset = None
+        gc.collect()
+        if prefix is not None:
+            for root in ("/dev/shm", tempfile.gettempdir()):
+                for name in (n for n in os.listdir(root) if n.startswith(f"{prefix:06}_")):
+                    Path(root, name).unlink(missing_ok=True)
+        shutil.rmtree(self.local, ignore_errors=True)
+
+
+class MosaicAdapter:
+    name = "mosaicml-streaming"
+    capabilities = frozenset({"resume", "workers", "shuffle:seeded", "ordering:sequential", "packing:concat",
+                              "packing:chunk", "packing:greedy", "packing:none", "end:drop_last"})
+    limits = MappingProxyType({"max_seed": 2**31 - 1, "max_world_size": 1})
+
+    def __init__(self) -> None:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+        from benchmarks.peers import import_streaming
+
+        self.streaming = import_streaming()
+        self.version = self.streaming.__version__
+        self.np = require("numpy")
+
+    def _mds(self, corpus, packing, workdir: Path) -> Path:
+        rows = pack_corpus(corpus, packing)
+        key = hashlib.sha256(repr((rows,)).encode()).hexdigest()[:20]
+        out = Path(workdir) / "mds" / key
+        if not (out / "index.json").exists():
+            with self.streaming.MDSWriter(out=str(out), columns={c: "ndarray:int64" for c in ROW_COLUMNS},
+                                          compression=None, hashes=[], progress_bar=False) as writer:
+                for row in rows:
+                    writer.write({c: self.np.asarray(row[c], dtype=self.np.int64) for c in ROW_COLUMNS})
+        return out
+
+    def build(self, corpus, config, topology, *, workdir):
+        local = Path(workdir) / "mds-copies" / uuid.uuid4().hex
+        shutil.copytree(self._mds(corpus, config.packing, Path(workdir)), local)
+        ds = self.streaming.StreamingDataset(local=str(local), batch_size=topology.batch_size,
+                                             shuffle=config.ordering.kind != "sequential",
+                                             shuffle_seed=config.ordering.seed)
+        loader = self.streaming.StreamingDataLoader(ds, batch_size=topology.batch_size, drop_last=True,
+                                                    num_workers=topology.num_workers, collate_fn=identity)
+        return MosaicLoader(loader, ds, local)
+
+
+def adapter():
+    return MosaicAdapter()

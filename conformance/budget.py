@@ -1,0 +1,65 @@
+"""The kit's hypothesis budget, as settings objects handed to the kit's own tests (never a global profile).
+
+Why not ``settings.load_profile``: the plugin runs in every project of the
+environment, and loading a profile would change the host project's own
+hypothesis tests. Instead the plugin gives each test of the ``conformance``
+package :func:`kit_settings` (or, for a test with its own ``@settings``, the
+kit's budget under what that decorator set explicitly).
+
+Profiles, chosen by ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` (default: 30
+examples, derandomised, so every run sees the same examples), ``thorough``
+(600 examples) and ``dev`` (10).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+PROFILE_ENV = "LOADSPEC_HYPOTHESIS_PROFILE"
+PROFILES: dict[str, dict[str, Any]] = {
+    "ci": {"max_examples": 30, "derandomize": True, "print_blob": True},
+    "thorough": {"max_examples": 600, "print_blob": True},
+    "dev": {"max_examples": 10, "derandomize": True},
+}
+_NAMES = ("max_examples", "derandomize", "database", "verbosity", "phases", "stateful_step_count",
+          "report_multiple_bugs", "suppress_health_check", "deadline", "print_blob")
+
+
+def profile_name() -> str:
+    name = os.environ.get(PROFILE_ENV, "ci")
+    if name not in PROFILES:
+        import pytest
+
+        raise pytest.UsageError(f"{PROFILE_ENV}={name!r}: choose one of {', '.join(PROFILES)}")
+    return name
+
+
+def kit_settings(**overrides: Any) -> Any:
+    """The kit's ``hypothesis.settings`` for the chosen profile, with ``overrides`` on top.
+
+    >>> kit_settings(max_examples=3).max_examples
+    3
+    """
+    from hypothesis import HealthCheck, settings
+
+    base = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                  HealthCheck.function_scoped_fixture]}
+    base.update(PROFILES[profile_name()])
+    base.update(overrides)
+    return settings(parent=settings.get_profile("default"), **base)
+
+
+def with_kit_budget(current: Any, *, explicit: bool) -> Any:
+    """``current`` (a test's settings) re-based on the kit's: fields its ``@settings`` set explicitly win.
+
+    A field counts as explicit when it differs from hypothesis's own default
+    (the settings object keeps no record of which keywords were passed).
+    """
+    from hypothesis import settings
+
+    if not explicit:
+        return kit_settings()
+    default = settings.get_profile("default")
+    chosen = {n: getattr(current, n) for n in _NAMES if hasattr(current, n) and getattr(current, n) != getattr(default, n)}
+    return kit_settings(**chosen)

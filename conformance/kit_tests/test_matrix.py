@@ -1,0 +1,27 @@
+"""The matrix is earned: outcomes come from running the kit, a missing peer is never a pass."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from conformance.matrix import LoaderRun, Outcome, _message, render, run_loader
+
+
+def test_a_failure_cell_names_the_clause_and_the_details_carry_the_repro() -> None:
+    node = ET.fromstring('<failure message="conformance.assertions.ClauseViolation: [RES-4] after resuming, 3 pairs '
+                         'were trained twice | repro: corpus=[[[1, 2]]]">trace</failure>')
+    clause, message = _message(node)
+    assert clause == "RES-4"
+    assert message.startswith("[RES-4] after resuming") and "repro: corpus=[[[1, 2]]]" in message
+    run = LoaderRun("peer", "x:y", name="peer", version="1.2", outcomes={
+        "test_a": Outcome("pass"), "test_b": Outcome("fail", clause, message), "test_c": Outcome("skip")})
+    text = render([run], profile="dev", command="python -m conformance.matrix")
+    assert "| `a` | pass |" in text and "| `b` | **FAIL** RES-4 |" in text and "| `c` | n/a |" in text
+    assert "- `test_b` [RES-4]: [RES-4] after resuming" in text
+
+
+def test_a_loader_that_cannot_be_imported_is_listed_as_not_installed_and_runs_no_test() -> None:
+    run = run_loader("ghost", "conformance.adapters.peers.no_such_peer:adapter", profile="dev", timeout=60)
+    assert run.status == "not installed" and not run.outcomes
+    assert "no_such_peer" in run.detail
+    assert "| ghost | not installed" in render([run], profile="dev", command="m")

@@ -1,0 +1,140 @@
+"""The kit's pytest plugin is a guest in other projects, and its own switches work (pytester, one subprocess each).
+
+Why subprocesses: the plugin is loaded the way a host project loads it, with
+``-p conformance.plugin`` and entry-point autoloading off, so each test sees
+exactly one copy of it and controls which packages are importable (a host
+without hypothesis is simulated by a module that refuses to import).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(pytester: pytest.Pytester, *args: str, block_hypothesis: bool = False, **env: str) -> pytest.RunResult:
+    paths = [str(REPO)]
+    if block_hypothesis:
+        blocker = pytester.mkpydir("blocker")
+        (blocker / "hypothesis").mkdir()
+        (blocker / "hypothesis" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hypothesis'\", name='hypothesis')\n")
+        paths.insert(0, str(blocker))
+    pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    pytester._monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester._monkeypatch.delenv("LOADSPEC_LOADER", raising=False)
+    for key, value in env.items():
+        pytester._monkeypatch.setenv(key, value)
+    return pytester.runpytest_subprocess("-p", "conformance.plugin", "-p", "no:cacheprovider", *args, timeout=300)
+
+
+def test_a_host_project_without_hypothesis_still_passes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_host="""
+        import pytest
+
+        def test_hypothesis_is_really_absent():
+            with pytest.raises(ImportError):
+                import hypothesis  # noqa: F401
+
+        def test_host_code():
+            assert sum([1, 2]) == 3
+    """)
+    result = _run(pytester, block_hypothesis=True)
+    result.assert_outcomes(passed=2)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_kit_test_without_hypothesis_is_skipped_with_an_install_hint(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "--pyargs", "conformance.tests.test_any_loader", "-rs", block_hypothesis=True)
+    result.assert_outcomes(skipped=1)
+    assert "pip install 'loadspec[conformance]'" in result.stdout.str()
+
+
+def test_a_host_projects_own_hypothesis_profile_is_untouched(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("""
+        from hypothesis import settings
+        settings.register_profile("host", max_examples=7)
+        settings.load_profile("host")
+    """)
+    pytester.makepyfile(test_host="""
+        from hypothesis import given, settings, strategies as st
+
+        CALLS = []
+
+        @given(st.integers())
+        def test_draws(x):
+            CALLS.append(x)
+
+        def test_the_host_budget_held():
+            assert settings.default.max_examples == 7
+            assert 0 < len(CALLS) <= 7
+    """)
+    result = _run(pytester, "-p", "no:randomly", LOADSPEC_HYPOTHESIS_PROFILE="thorough")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_host_with_its_own_loader_option_and_fixture_still_works(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("""
+        import pytest
+
+        def pytest_addoption(parser):
+            parser.addoption("--loader", default="default")
+
+        @pytest.fixture
+        def loader(request):
+            return request.config.getoption("--loader")
+    """)
+    pytester.makepyfile(test_host="""
+        def test_my_loader(loader):
+            assert loader == "mine"
+    """)
+    result = _run(pytester, "--loader", "mine")
+    result.assert_outcomes(passed=1)
+
+
+def test_the_report_header_names_the_loader_its_version_and_capabilities(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_host="def test_ok():\n    pass\n")
+    result = _run(pytester, "--loadspec-loader", "conformance.examples.third_party:adapter")
+    result.stdout.fnmatch_lines(["loadspec: loader under test tiny-loader 1.0 (conformance.examples.third_party:adapter)",
+                                 "loadspec: capabilities: *elastic*resume*shuffle:seeded*"])
+    result.assert_outcomes(passed=1)
+
+
+def test_a_host_run_without_a_chosen_loader_prints_no_loadspec_header(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_host="def test_ok():\n    pass\n")
+    result = _run(pytester)
+    assert "loadspec:" not in result.stdout.str()
+    result.assert_outcomes(passed=1)
+
+
+def test_xfails_and_skips_files_mark_the_listed_tests_only(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_known="""
+        def test_known_failure():
+            assert False
+
+        def test_flaky_peer():
+            assert False
+
+        def test_fine():
+            pass
+    """)
+    xfails = pytester.path / "xfails.txt"
+    xfails.write_text("# known failures of our loader\ntest_known.py::test_known_failure  # issue 12\n")
+    skips = pytester.path / "skips.txt"
+    skips.write_text("test_known.py::test_flaky_peer\n")
+    result = _run(pytester, "--loadspec-xfails", str(xfails), "--loadspec-skips", str(skips), "-rxs")
+    result.assert_outcomes(passed=1, xfailed=1, skipped=1)
+
+
+def test_the_worked_third_party_example_passes_every_property_it_claims(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "--pyargs", "conformance.tests.test_any_loader", "conformance.tests.test_loader",
+                  "--loadspec-loader", "conformance.examples.third_party:adapter", "-p", "no:randomly",
+                  LOADSPEC_HYPOTHESIS_PROFILE="dev")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()[-3000:]
+    assert outcomes.get("passed", 0) >= 7

@@ -1,0 +1,231 @@
+"""The peer matrix: run the kit on every loader and write property × loader to ``conformance/report/MATRIX.md``.
+
+Why generated: a row is only worth reading if the kit earned it. Each loader
+runs the kit's suites in its own pytest process (``--loadspec-loader``,
+JUnit XML out); this module reads the outcomes, the clause of every failure
+and the repro the kit printed, and writes the table, the details and
+``matrix.json`` (for the README's summary). A peer that is not installed is
+listed as not run, never as passing.
+
+``python -m conformance.matrix`` (``make matrix`` runs it in the peer venv)::
+
+    python -m conformance.matrix --loader reference=conformance.adapters.reference:adapter --out /tmp/m
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from impl._atomic import atomic_write_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = ("conformance.tests.test_any_loader", "conformance.tests.test_loader", "conformance.tests.test_stateful_resume")
+LOADERS = {
+    "reference": "conformance.adapters.reference:adapter",
+    "impl": "conformance.adapters.impl:adapter",
+    "tiny-loader (worked example)": "conformance.examples.third_party:adapter",
+    "torchdata map + DistributedSampler": "conformance.adapters.peers.torchdata_map:adapter",
+    "torchdata map, 0-2 workers": "conformance.adapters.peers.torchdata_map:adapter_workers",
+    "HF datasets": "conformance.adapters.peers.hf_datasets:adapter",
+    "MosaicML Streaming": "conformance.adapters.peers.mosaicml:adapter",
+    "LitData": "conformance.adapters.peers.litdata:adapter",
+}
+_CLAUSE = re.compile(r"\[([A-Z]+-\d+)\]")
+
+
+@dataclass
+class Outcome:
+    status: str
+    """pass, fail, skip or error."""
+    clause: str = ""
+    message: str = ""
+
+
+@dataclass
+class LoaderRun:
+    label: str
+    spec: str
+    name: str = ""
+    version: str = ""
+    capabilities: list[str] = field(default_factory=list)
+    status: str = "ran"
+    """ran, not installed, or timeout."""
+    detail: str = ""
+    seconds: float = 0.0
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+
+
+def describe(spec: str) -> dict[str, Any]:
+    """Name, version and capabilities of an adapter (run in a child process so peers stay out of this one)."""
+    from conformance.plugin import load_adapter
+
+    adapter = load_adapter(spec)
+    version = str(getattr(adapter, "version", "") or "")
+    if not version and spec.startswith("conformance."):
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as package_version
+
+        try:
+            version = f"loadspec {package_version('loadspec')}"
+        except PackageNotFoundError:
+            version = "loadspec (not installed)"
+    return {"name": adapter.name, "version": version,
+            "capabilities": sorted(adapter.capabilities)}
+
+
+def _env(profile: str) -> dict[str, str]:
+    return dict(os.environ, LOADSPEC_HYPOTHESIS_PROFILE=profile,
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def _message(node: ET.Element) -> tuple[str, str]:
+    text = (node.get("message") or "") + "\n" + (node.text or "")
+    match = _CLAUSE.search(text)
+    line = next((ln for ln in text.splitlines() if "ClauseViolation" in ln or ln.startswith("E ")), text.strip())
+    line = re.sub(r"^E\s+", "", line.strip())
+    line = line.replace("conformance.assertions.ClauseViolation: ", "")
+    return (match.group(1) if match else ""), line[:700]
+
+
+def run_loader(label: str, spec: str, *, profile: str, timeout: float, python: str = sys.executable) -> LoaderRun:
+    run = LoaderRun(label, spec)
+    described = subprocess.run([python, "-m", "conformance.matrix", "--describe", spec], capture_output=True,
+                               text=True, env=_env(profile), cwd=REPO, timeout=300, check=False)
+    if described.returncode != 0:
+        run.status, run.detail = "not installed", (described.stderr.strip().splitlines() or ["?"])[-1][:300]
+        return run
+    info = json.loads(described.stdout.strip().splitlines()[-1])
+    run.name, run.version, run.capabilities = info["name"], info["version"], info["capabilities"]
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        cmd = [python, "-m", "pytest", "--pyargs", *SUITES, "--loadspec-loader", spec, "-p", "no:randomly",
+               "-p", "no:cacheprovider", "-q", f"--junitxml={xml}", "-o", "junit_family=xunit2"]
+        start = time.monotonic()
+        try:
+            subprocess.run(cmd, capture_output=True, text=True, env=_env(profile), cwd=tmp, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            run.status, run.detail = "timeout", f"the kit did not finish within {timeout:.0f}s"
+        run.seconds = time.monotonic() - start
+        if xml.exists():
+            for case in ET.parse(xml).getroot().iter("testcase"):
+                name = case.get("name", "").split("[")[0]
+                failure = case.find("failure")
+                error = case.find("error")
+                skipped = case.find("skipped")
+                if failure is not None or error is not None:
+                    clause, message = _message(failure if failure is not None else error)
+                    run.outcomes[name] = Outcome("fail" if failure is not None else "error", clause, message)
+                elif skipped is not None:
+                    run.outcomes[name] = Outcome("skip", "", (skipped.get("message") or "")[:200])
+                else:
+                    run.outcomes[name] = Outcome("pass")
+    return run
+
+
+def _load_run(data: dict[str, Any]) -> LoaderRun:
+    outcomes = {t: Outcome(**o) for t, o in data.pop("outcomes").items()}
+    return LoaderRun(**data, outcomes=outcomes)
+
+
+def _cell(outcome: Outcome | None) -> str:
+    if outcome is None:
+        return "·"
+    if outcome.status == "pass":
+        return "pass"
+    if outcome.status == "skip":
+        return "n/a"
+    return f"**FAIL** {outcome.clause}".strip()
+
+
+def render(runs: list[LoaderRun], *, profile: str, command: str) -> str:
+    tests: list[str] = []
+    for run in runs:
+        tests += [t for t in run.outcomes if t not in tests]
+    ran = [r for r in runs if r.status != "not installed"]
+    lines = ["# Conformance matrix: property × loader", "",
+             (f"Generated by `{command}` (hypothesis profile `{profile}`); every cell is the outcome of running "
+              "the kit, never typed by hand. `pass`: the property held on every example; `FAIL <clause>`: the kit "
+              "found a counterexample (details below); `n/a`: the loader does not declare the capability the test "
+              "needs (bit-exact tests need `bit_exact`)."), "",
+             "| loader | version | seconds |", "|---|---|---|"]
+    lines += [f"| {r.label} | {r.version or '-'} | {r.seconds:.0f} |" for r in ran]
+    for r in runs:
+        if r.status != "ran":
+            lines.append(f"| {r.label} | {r.status}: {r.detail} | - |")
+    lines += ["", "| property | " + " | ".join(r.label for r in ran) + " |", "|---" * (len(ran) + 1) + "|"]
+    for t in tests:
+        lines.append(f"| `{t.removeprefix('test_')}` | " + " | ".join(_cell(r.outcomes.get(t)) for r in ran) + " |")
+    lines += ["", "## Failures, with the shortest repro the kit printed", ""]
+    for r in ran:
+        failed = {t: o for t, o in r.outcomes.items() if o.status in ("fail", "error")}
+        if not failed:
+            continue
+        lines += [f"### {r.label} ({r.name} {r.version})", ""]
+        for t, o in failed.items():
+            lines += [f"- `{t}` [{o.clause or o.status}]: {o.message}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _combined(runs: list[LoaderRun], kept: list[LoaderRun]) -> list[LoaderRun]:
+    """This run's rows, then earlier rows of other loaders, in ``LOADERS`` order (written after every loader)."""
+    labels = {r.label for r in runs}
+    merged = list(runs)
+    for r in kept:
+        if r.label not in labels:
+            labels.add(r.label)
+            merged.append(r)
+    order = list(LOADERS)
+    return sorted(merged, key=lambda r: order.index(r.label) if r.label in order else len(order))
+
+
+def _write(out: Path, runs: list[LoaderRun], *, profile: str, command: str) -> None:
+    atomic_write_bytes(out / "MATRIX.md", render(runs, profile=profile, command=command).encode())
+    atomic_write_bytes(out / "matrix.json", (json.dumps([asdict(r) for r in runs], indent=1) + "\n").encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--describe", metavar="SPEC", help=argparse.SUPPRESS)
+    ap.add_argument("--loader", action="append", metavar="LABEL=SPEC", help="loaders to run (default: all known)")
+    ap.add_argument("--out", default=str(REPO / "conformance" / "report"), help="directory for MATRIX.md and matrix.json")
+    ap.add_argument("--profile", default="dev", help="hypothesis profile for the runs (ci, dev, thorough)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per loader")
+    ap.add_argument("--merge", action="append", default=[], metavar="MATRIX_JSON",
+                    help="rows of earlier runs to include (rows run now win); with no --loader, run nothing")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the other loaders' rows of an existing matrix.json and rerun only the --loader ones")
+    args = ap.parse_args(argv)
+    if args.describe:
+        print(json.dumps(describe(args.describe)))
+        return 0
+    loaders = dict(item.split("=", 1) for item in args.loader) if args.loader else ({} if args.merge else LOADERS)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    earlier = list(args.merge) + ([str(out / "matrix.json")] if args.update and (out / "matrix.json").exists() else [])
+    kept_runs = [_load_run(data) for path in earlier for data in json.loads(Path(path).read_text(encoding="utf-8"))]
+    command = "python -m conformance.matrix" + (f" --profile {args.profile}" if args.profile != "dev" else "")
+    runs: list[LoaderRun] = []
+    for label, spec in loaders.items():
+        print(f"[matrix] {label}: {spec}", flush=True)
+        runs.append(run_loader(label, spec, profile=args.profile, timeout=args.timeout))
+        print(f"[matrix]   {runs[-1].status} {runs[-1].version} in {runs[-1].seconds:.0f}s: "
+              + ", ".join(f"{t}={o.status}" for t, o in runs[-1].outcomes.items() if o.status != "pass"), flush=True)
+        _write(out, _combined(runs, kept_runs), profile=args.profile, command=command)
+    _write(out, _combined(runs, kept_runs), profile=args.profile, command=command)
+    print(f"[matrix] wrote {out / 'MATRIX.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Provenance: what the kit needs to grade a loader that knows nothing of loadspec's sample numbering.
+
+Why: a peer (HF datasets, torchdata, MosaicML, LitData, yours) shuffles and
+shards in its own way, so its stream cannot be compared with the reference's
+order. What *can* be checked on any loader is provenance: every input token
+is ``(document, offset)`` of the corpus, every label is the next token of the
+same document or -100, and every within-document pair ``(d, p) -> (d, p + 1)``
+is trained at most once per epoch. This module has both halves:
+
+* for adapter authors: :func:`pack_corpus` chunks the corpus into rows with
+  provenance columns by a declared packing mode (so a loader that does not
+  pack can still claim ``packing:concat``), and :class:`ProvenanceCodec`
+  encodes each token as its global position, for loaders that only carry
+  token ids (token-block loaders);
+* for the tests: :func:`check_provenance`, :func:`pair_counts` and
+  :func:`promised_pairs`.
+
+Worked example (a two-document corpus, concat, L = 2)::
+
+    >>> from reference.packing import PackingConfig
+    >>> rows = pack_corpus([[[5, 6, 7], [8, 9]]], PackingConfig(seq_len=2))
+    >>> [(r["input_ids"], r["labels"], r["doc_ids"], r["token_offsets"]) for r in rows]
+    [([5, 6], [6, 7], [0, 0], [0, 1]), ([7, 8], [-100, 9], [0, 1], [2, 0])]
+    >>> codec = ProvenanceCodec([[[5, 6, 7], [8, 9]]])
+    >>> codec.encoded_corpus()
+    [[[1, 2, 3], [4, 5]]]
+    >>> codec.row([3, 4, 5], epoch=0, index=7).labels     # a block crossing documents trains 7 -> 8
+    (8, 9)
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from conformance.adapter import CanonicalRow
+from conformance.assertions import ClauseViolation
+from reference.ordering import OrderingConfig
+from reference.packing import BIN_MODES, IGNORE, NO_DOC, PackingConfig, is_kept, pack, prepare, trained_pairs
+from reference.resume import Corpus, PipelineConfig, epoch_samples
+
+ROW_COLUMNS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
+
+
+def documents(corpus: Corpus) -> list[list[int]]:
+    """The corpus's documents numbered file by file, as every ``doc_ids`` column counts them (ORD-1)."""
+    return [list(doc) for file in corpus for doc in file]
+
+
+def pack_corpus(corpus: Corpus, packing: PackingConfig) -> list[dict[str, list[int]]]:
+    """The corpus packed in store order by ``packing``: one dict of provenance columns per sample.
+
+    Why: a loader that does not pack stores these rows (any columns it can
+    carry), shuffles and shards them, and hands them back; the adapter turns
+    each back into a ``CanonicalRow``. Packing before the shuffle keeps every
+    promise of the mode (PACK-7, PACK-18), only the row order differs.
+    """
+    config = PipelineConfig(packing=packing, ordering=OrderingConfig(kind="sequential"))
+    return [{c: list(getattr(s, c)) for c in ROW_COLUMNS} for s in epoch_samples(corpus, config, 0)]
+
+
+def row_from_columns(columns: Mapping[str, Sequence[int]], *, epoch: int, index: int) -> CanonicalRow:
+    """One row of :func:`pack_corpus` (after a trip through a peer) as a ``CanonicalRow``."""
+    return CanonicalRow(epoch, index, *(tuple(int(v) for v in columns[c]) for c in ROW_COLUMNS))
+
+
+class ProvenanceCodec:
+    """Token ids that *are* provenance: token ``k + 1`` is the corpus's k-th token (0 stays free for padding).
+
+    Why: token-block loaders (LitData's ``TokensLoader``) keep no columns and
+    no document boundaries; feeding them the encoded corpus lets the adapter
+    recover, for every token they yield, the document and offset it came from,
+    and so grade what they train.
+    """
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.docs = documents(corpus)
+        self.starts: list[int] = []
+        total = 0
+        for doc in self.docs:
+            self.starts.append(total)
+            total += len(doc)
+        self.total = total
+        self.corpus = corpus
+
+    def encoded_corpus(self) -> list[list[list[int]]]:
+        out, d = [], 0
+        for file in self.corpus:
+            out.append([[self.starts[d + i] + j + 1 for j in range(len(doc))] for i, doc in enumerate(file)])
+            d += len(file)
+        return out
+
+    def decode(self, code: int) -> tuple[int, int]:
+        """``(doc, offset)`` of an encoded token, or ``(-1, -1)`` for padding."""
+        if not 1 <= code <= self.total:
+            return NO_DOC, -1
+        doc = bisect.bisect_right(self.starts, code - 1) - 1
+        while len(self.docs[doc]) == 0:
+            doc -= 1
+        return doc, code - 1 - self.starts[doc]
+
+    def row(self, block: Sequence[int], *, epoch: int, index: int) -> CanonicalRow:
+        """A block of L + 1 encoded tokens as a row: inputs ``block[:-1]``, targets ``block[1:]``.
+
+        Every target is reported as the token the loader trains on, also when it
+        belongs to another document: then the kit flags it (PACK-4).
+        """
+        where = [self.decode(int(c)) for c in block]
+        inputs, labels, positions, docs, offsets = [], [], [], [], []
+        for j, (d, p) in enumerate(where[:-1]):
+            nd, npos = where[j + 1]
+            inputs.append(self.docs[d][p] if d >= 0 else 0)
+            labels.append(IGNORE if d < 0 or nd < 0 else self.docs[nd][npos])
+            positions.append(0 if j == 0 or where[j - 1][0] != d else positions[-1] + 1)
+            docs.append(d)
+            offsets.append(p)
+        return CanonicalRow(epoch, index, tuple(inputs), tuple(labels), tuple(positions), tuple(docs), tuple(offsets))
+
+
+# --------------------------------------------------------------------------- audits for the tests
+
+
+def check_provenance(rows: Iterable[CanonicalRow], corpus: Corpus, packing: PackingConfig, *, clause: str = "PACK-4",
+                     repro: Mapping[str, Any] | None = None) -> None:
+    """Every input is the prepared token its ``(doc_id, offset)`` names; every label is the next one or -100."""
+    __tracebackhide__ = True
+    prepared = [prepare(doc, packing) for doc in documents(corpus)]
+    for row in rows:
+        for j, (d, p) in enumerate(zip(row.doc_ids, row.token_offsets)):
+            label = row.labels[j]
+            if d < 0 or p < 0:
+                if label != IGNORE:
+                    raise ClauseViolation(clause, f"position {j} holds no document token but has label {label}",
+                                          dict(repro or {}, row=row))
+                continue
+            if d >= len(prepared) or p >= len(prepared[d]) or row.input_ids[j] != prepared[d][p]:
+                raise ClauseViolation(clause, f"input {row.input_ids[j]} at position {j} is not token {p} of "
+                                              f"document {d}", dict(repro or {}, row=row))
+            if label != IGNORE and (p + 1 >= len(prepared[d]) or label != prepared[d][p + 1]):
+                raise ClauseViolation(clause, f"label {label} at position {j} is not the next token of document {d} "
+                                              f"after offset {p}, nor -100", dict(repro or {}, row=row))
+
+
+def pair_counts(rows: Iterable[CanonicalRow], *, epoch: int | None = None) -> Counter[tuple[int, int]]:
+    """How often each within-document pair ``(doc, offset) -> (doc, offset + 1)`` was trained (in ``epoch``)."""
+    return Counter((d, p) for row in rows if epoch is None or row.epoch == epoch
+                   for d, p, label in zip(row.doc_ids, row.token_offsets, row.labels) if label != IGNORE and d >= 0)
+
+
+def promised_pairs(corpus: Corpus, packing: PackingConfig) -> tuple[set[tuple[int, int]], int] | None:
+    """The pairs a packing mode promises to train in every epoch, and how many a shuffled tail may lose.
+
+    ``concat`` trains every within-document pair of the kept documents but the
+    stream's tail, fewer than L + 1 pairs (PACK-7); the bin modes and ``none``
+    train a set of pairs that depends on each document alone (PACK-10, -12,
+    -18), whatever the order; ``chunk`` loses pairs where its windows fall,
+    which depends on the order, so it promises no set (None).
+    """
+    docs = documents(corpus)
+    if packing.mode == "concat":
+        pairs = {(d, p) for d, doc in enumerate(docs) if is_kept(len(prepare(doc, packing)), packing)
+                 for p in range(len(prepare(doc, packing)) - 1)}
+        return pairs, packing.seq_len
+    if packing.mode in BIN_MODES or packing.mode == "none":
+        return set(trained_pairs(pack(list(enumerate(docs)), packing))), 0
+    return None

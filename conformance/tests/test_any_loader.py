@@ -1,0 +1,249 @@
+"""What every correct loader must satisfy, whatever its order, sharding, packing or state format.
+
+Why a separate suite: a peer (HF datasets, torchdata, MosaicML, LitData, a
+team's own) shuffles, shards and drops tails in its own way, so comparing it
+with the reference's sample numbering reports differences that are not
+defects. These tests never look at ``sample_index`` or the reference's order;
+they grade provenance (``conformance.provenance``): each within-document pair
+trained at most once per epoch, fewer than one global batch of it left
+untrained, labels that are the next token of the same document or -100,
+equal step counts on every rank, exact resume (also twice in a row), and,
+after a change of world size, batch size or workers, an explicit refusal or
+an exactly-once continuation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("hypothesis", reason="the loadspec conformance kit needs hypothesis: pip install 'loadspec[conformance]'")
+
+from hypothesis import assume, given, reject
+from hypothesis import strategies as st
+
+from conformance import strategies as ls
+from conformance.adapter import Unsupported, close, is_refusal, required_capabilities, unsupported
+from conformance.assertions import ClauseViolation, assert_equal, check
+from conformance.provenance import check_provenance, pair_counts, promised_pairs
+from reference.resume import PipelineConfig, Topology
+
+
+def _ranks(t: Topology) -> list[Topology]:
+    return [Topology(world_size=t.world_size, rank=r, batch_size=t.batch_size, num_workers=t.num_workers)
+            for r in range(t.world_size)]
+
+
+def _repro(corpus, config, topology, **extra) -> dict[str, Any]:
+    return {"corpus": corpus, "config": config, "topology": topology, **extra}
+
+
+class Built:
+    """Every rank's loader of one topology, closed when the example ends (``close()`` hook)."""
+
+    def __init__(self, adapter, corpus, config: PipelineConfig, topology: Topology, workdir: Path) -> None:
+        assume(required_capabilities(config, topology, adapter.capabilities) <= adapter.capabilities)
+        reason = unsupported(adapter, corpus, config, topology)
+        if reason:
+            reject()
+        self.loaders: list[Any] = []
+        try:
+            for t in _ranks(topology):
+                self.loaders.append(adapter.build(corpus, config, t, workdir=workdir))
+        except Unsupported:
+            close(*self.loaders)
+            reject()
+
+    def __enter__(self) -> list[Any]:
+        return self.loaders
+
+    def __exit__(self, *exc: object) -> None:
+        close(*self.loaders)
+
+
+def _epoch(loaders) -> list[list[list[Any]]]:
+    """Each rank's batches of the rest of the epoch."""
+    return [[list(b) for b in ld] for ld in loaders]
+
+
+def _rows(per_rank) -> list[Any]:
+    return [row for batches in per_rank for batch in batches for row in batch]
+
+
+def _max_world(adapter, most: int) -> int:
+    """The largest world size to draw: the adapter's declared ``limits["max_world_size"]`` caps it."""
+    return max(1, min(most, int(dict(getattr(adapter, "limits", {}) or {}).get("max_world_size", most))))
+
+
+def _topologies(adapter, most: int):
+    return ls.topologies(max_world=_max_world(adapter, most), replication=False)
+
+
+def _configs(adapter):
+    return ls.adapter_configs(adapter, stride=True)
+
+
+@pytest.mark.clause("PACK-4", "PACK-3")
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_every_input_and_label_is_the_corpus_token_its_provenance_names(loadspec_adapter, corpus, data):
+    config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 3), label="topology")
+    with tempfile.TemporaryDirectory() as tmp, Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
+        per_rank = _epoch(loaders)
+    check_provenance(_rows(per_rank), corpus, config.packing, clause="PACK-4", repro=_repro(corpus, config, topology))
+
+
+@pytest.mark.clause("PART-1")
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_every_rank_runs_the_same_number_of_steps(loadspec_adapter, corpus, data):
+    config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 4), label="topology")
+    with tempfile.TemporaryDirectory() as tmp, Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
+        steps = [len(batches) for batches in _epoch(loaders)]
+    check(len(set(steps)) <= 1, clause="PART-1", what=f"ranks ran {steps} steps: a collective would hang",
+          repro=_repro(corpus, config, topology))
+
+
+@pytest.mark.clause("PART-1", "PACK-7", "PACK-12")
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_no_within_document_pair_is_trained_twice_in_an_epoch(loadspec_adapter, corpus, data):
+    config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 3), label="topology")
+    with tempfile.TemporaryDirectory() as tmp, Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
+        counts = pair_counts(_rows(_epoch(loaders)))
+    twice = sorted(p for p, c in counts.items() if c > 1)
+    check(not twice, clause="PART-1", what=f"{len(twice)} (doc, offset) pairs trained more than once, e.g. {twice[:8]}",
+          repro=_repro(corpus, config, topology))
+
+
+def _universe(adapter, corpus, config, workdir: Path) -> Counter:
+    """The pairs the loader trains in one uninterrupted epoch on one rank with batch size 1 (nothing dropped)."""
+    with Built(adapter, corpus, config, Topology(), workdir) as loaders:
+        return pair_counts(_rows(_epoch(loaders)))
+
+
+@pytest.mark.clause("PART-1", "PART-7", "PACK-7", "PACK-18")
+@given(corpus=ls.provenance_corpora(), data=st.data())
+def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus, data):
+    config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 3), label="topology")
+    with tempfile.TemporaryDirectory() as tmp:
+        universe = _universe(loadspec_adapter, corpus, config, Path(tmp))
+        with Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
+            trained = pair_counts(_rows(_epoch(loaders)))
+    room = topology.world_size * topology.batch_size * config.packing.seq_len
+    lost = sorted(set(universe) - set(trained))
+    repro = _repro(corpus, config, topology)
+    check(len(lost) < room, clause="PART-1",
+          what=f"{len(lost)} pairs the loader trains on one rank were left untrained on {topology.world_size} ranks "
+               f"(a global batch holds at most {room}), e.g. {lost[:8]}", repro=repro)
+    promise = promised_pairs(corpus, config.packing)
+    if promise is not None:
+        pairs, tail = promise
+        missing = sorted(pairs - set(trained))
+        check(len(missing) < room + tail, clause="PACK-7" if config.packing.mode == "concat" else "PACK-18",
+              what=f"{len(missing)} within-document pairs that {config.packing.mode!r} promises were never trained "
+                   f"(allowed: fewer than {room + tail}), e.g. {missing[:8]}", repro=repro)
+
+
+@pytest.mark.clause("RES-1", "RES-2")
+@pytest.mark.capability("resume")
+@given(corpus=ls.provenance_corpora(), data=st.data(),
+       k=st.integers(0, 8), j=st.integers(0, 3))
+def test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_resumed_twice(
+        loadspec_adapter, corpus, data, k, j):
+    config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 2), label="topology")
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(states: list[Any] | None, steps: int | None) -> tuple[list[list[list[Any]]], list[Any]]:
+            with Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
+                if states is not None:
+                    for ld, state in zip(loaders, states):
+                        ld.load_state_dict(state)
+                batches = [[list(b) for b in itertools.islice(iter(ld), steps)] for ld in loaders]
+                return batches, [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
+
+        uninterrupted, _ = run(None, None)
+        k = min(k, min(map(len, uninterrupted)))
+        j = min(j, min(map(len, uninterrupted)) - k)
+        head, states = run(None, k)
+        middle, states2 = run(states, j)
+        rest, _ = run(states2, None)
+    repro = _repro(corpus, config, topology, k=k, j=j, state=states[0], state2=states2[0])
+    for r in range(topology.world_size):
+        assert_equal(head[r] + middle[r] + rest[r], uninterrupted[r], clause="RES-1",
+                     what=f"rank {r}'s batches of {k} steps, resume, {j} steps, resume again, the rest", repro=repro)
+
+
+@st.composite
+def _topology_changes(draw, workers: bool, max_world: int) -> tuple[Topology, Topology]:
+    def one() -> Topology:
+        return Topology(world_size=draw(st.integers(1, max_world)), batch_size=draw(st.integers(1, 3)),
+                        num_workers=draw(st.integers(0, 2)) if workers else 0)
+    before, after = one(), one()
+    assume(before != after)
+    return before, after
+
+
+@pytest.mark.clause("RES-4", "PART-3", "PART-8")
+@pytest.mark.capability("resume")
+@given(corpus=ls.provenance_corpora(max_docs=12), data=st.data(), k=st.integers(0, 5),
+       skew=st.sampled_from([0, 0, 1]), restore=st.sampled_from(["own", "rank0"]))
+def test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once(
+        loadspec_adapter, corpus, data, k, skew, restore):
+    """Change world size, batch size or workers at a checkpoint: an explicit error passes, silent loss or repeats fail.
+
+    Also: every rank restoring its own state versus all restoring rank 0's,
+    and rank 0 one batch ahead of the others when it wrote the checkpoint
+    (``skew``, with rank 0's state: a job whose ranks each save their own
+    state out of lockstep has no consistent checkpoint to grade).
+    """
+    config = data.draw(_configs(loadspec_adapter))
+    before, after = data.draw(_topology_changes("workers" in loadspec_adapter.capabilities,
+                                                    _max_world(loadspec_adapter, 3)))
+    skew = skew if before.world_size > 1 and restore == "rank0" else 0
+    repro = _repro(corpus, config, (before, after), k=k, skew=skew, restore=restore)
+    with tempfile.TemporaryDirectory() as tmp:
+        universe = _universe(loadspec_adapter, corpus, config, Path(tmp))
+        with Built(loadspec_adapter, corpus, config, before, Path(tmp)) as loaders:
+            iterators = [iter(ld) for ld in loaders]
+            taken = [[list(b) for b in itertools.islice(it, k + (skew if r == 0 else 0))]
+                     for r, it in enumerate(iterators)]
+            states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
+        trained = pair_counts(_rows(taken), epoch=0)
+        resumed = Built(loadspec_adapter, corpus, config, after, Path(tmp))
+        with resumed as loaders:
+            try:
+                firsts = []
+                for r, ld in enumerate(loaders):
+                    ld.load_state_dict(states[0] if restore == "rank0" else states[r % before.world_size])
+                for ld in loaders:
+                    it = iter(ld)
+                    firsts.append((it, next(it, None)))
+            except ClauseViolation:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a refusal is any explicit error the adapter calls one
+                check(is_refusal(loadspec_adapter, exc), clause="RES-4",
+                      what=f"loading the state on {after} raised {type(exc).__name__}: {exc}, which the adapter "
+                           "does not count as a refusal", repro=repro)
+                return
+            after_batches = [([list(first)] if first is not None else []) + [list(b) for b in it] for it, first in firsts]
+    trained += pair_counts(_rows(after_batches), epoch=0)
+    twice = sorted(p for p, c in trained.items() if c > 1)
+    check(not twice, clause="RES-4", what=f"after resuming on {after}, {len(twice)} pairs were trained twice in the "
+                                          f"epoch, e.g. {twice[:8]}", repro=repro)
+    g1, g2 = before.world_size * before.batch_size, after.world_size * after.batch_size
+    room = (max(g1, g2) + skew * g1) * config.packing.seq_len
+    lost = sorted(set(universe) - set(trained))
+    check(len(lost) < room, clause="RES-4", what=f"after resuming on {after}, {len(lost)} pairs were never trained "
+                                                 f"(allowed: fewer than {room}), e.g. {lost[:8]}", repro=repro)
+    if not skew:
+        steps = [len(b) for b in after_batches]
+        check(len(set(steps)) <= 1, clause="PART-1", what=f"resumed ranks ran {steps} steps: a collective would hang",
+              repro=repro)

@@ -10,7 +10,7 @@ FIND_LINKS := $(if $(wildcard /opt/wheels/torch-2.13.0*),--find-links /opt/wheel
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS)
 PROFILE ?= ci
 
-.PHONY: install demo test test-reference test-thorough clean lint
+.PHONY: install demo demo-mix test test-reference test-thorough clean lint
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ demo: $(STAMP)
 	$(BIN)/python -m conformance.walkthrough
 	$(BIN)/loadspec demo
 
-test: $(STAMP)
+# A two-corpus mixture with validation splits, trained on 2 ranks and resumed on 3 (issue 10's demo).
+demo-mix: $(STAMP)
+	$(BIN)/python -m impl.demo_mix
+
+# Lint first (ruff, and mypy strict for reference/ and impl/), then the suites.
+test: $(STAMP) lint
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loadspec-loader conformance.adapters.reference:adapter
 	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable
@@ -32,6 +37,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The reference alone: its meta tests, then the loader suite run on the reference's adapter.
+test-reference: $(STAMP)
+	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/meta_tests -q -ra
+	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loadspec-loader conformance.adapters.reference:adapter
 
 test-thorough:
 	$(MAKE) test PROFILE=thorough

@@ -81,6 +81,6 @@ def assert_raises_typed(error: type[BaseException], fn, *args, clause: str, what
         if absent:
             raise ClauseViolation(clause, f"{what}: error message {text!r} does not mention {absent}", repro) from exc
         return exc
-    except Exception as exc:  # noqa: BLE001 - the point is to report the wrong type
+    except Exception as exc:
         raise ClauseViolation(clause, f"{what}: raised {type(exc).__name__}: {exc}, but should raise {error.__name__}", repro) from exc
     raise ClauseViolation(clause, f"{what}: returned normally, but should raise {error.__name__}", repro)

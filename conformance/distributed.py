@@ -166,7 +166,7 @@ def run_job(job: Job, world_size: int, workdir: Path, *, timeout: float = JOIN_T
                                     "init_method": f"file://{rendezvous}"}))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    errs = [open(workdir / f"stderr-{launch}-rank{r}.txt", "w+b") for r in range(world_size)]
+    errs = [open(workdir / f"stderr-{launch}-rank{r}.txt", "w+b") for r in range(world_size)]  # noqa: SIM115 (closed in the finally below)
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
     try:

@@ -65,7 +65,7 @@ from reference.resume import (
     pipeline_fingerprint,
 )
 
-__all__ = ["ReferenceDataset", "LoaderMachine", "machine_for", "sample_tensors"]
+__all__ = ["LoaderMachine", "ReferenceDataset", "machine_for", "sample_tensors"]
 
 
 # --------------------------------------------------------------------------- the reference as a dataset

@@ -30,6 +30,9 @@ class HFDatasetsAdapter:
         from datasets.distributed import split_dataset_by_node
 
         rows = pack_corpus(corpus, config.packing)
+        if not rows:   # HF cannot shard an empty dataset: an empty corpus is an empty loader
+            return EpochLoader(self.StatefulDataLoader([], batch_size=topology.batch_size, collate_fn=identity),
+                               lambda epoch: None)
         table = self.datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in ROW_COLUMNS})
         ds = table.to_iterable_dataset(num_shards=max(1, min(NUM_SHARDS, len(rows))))
         if config.ordering.kind != "sequential":

@@ -25,3 +25,15 @@ def test_a_loader_that_cannot_be_imported_is_listed_as_not_installed_and_runs_no
     assert run.status == "not installed" and not run.outcomes
     assert "no_such_peer" in run.detail
     assert "| ghost | not installed" in render([run], profile="dev", command="m")
+
+
+def test_the_readme_matrix_summary_is_the_one_generated_from_matrix_json():
+    from pathlib import Path
+
+    from conformance import matrix
+
+    runs = matrix.load_runs(Path(matrix.REPO / "conformance" / "report" / "matrix.json"))
+    text = matrix.README.read_text(encoding="utf-8")
+    assert matrix.readme_with_summary(text, runs) == text, (
+        "the README's matrix summary differs from conformance/report/matrix.json: regenerate it with "
+        "python -m conformance.matrix (or edit neither by hand)")

@@ -436,14 +436,33 @@ _TOKENIZER_FILE = ".loadspec-build.tokenizer.json"
 _STORE_ENTRY = re.compile(r"^(meta\.json|tokens-\d{5,}\.arrow|\.(meta\.json|\.loadspec-build)\..*\.tmp|\.loadspec-build.*)$")
 
 
+PLANS_DIR = ".plans"
+"""Where ``PackedDataset`` caches epoch plans inside a store (loadspec's own; replaced with the store)."""
+_PLAN_ENTRY = re.compile(r"^\.?plan-[0-9a-f]{16,}\.(npy|json)(\.lock)?(\..*\.tmp)?$")
+
+
+def _is_plan_cache_dir(path: Path) -> bool:
+    """True when ``path`` is a store's plan cache: a real directory of plan files, locks and their temp files only."""
+    try:
+        return path.is_dir() and not path.is_symlink() and all(
+            _PLAN_ENTRY.match(e.name) and e.is_file() and not e.is_symlink() for e in path.iterdir())
+    except OSError:
+        return False
+
+
 def _is_loadspec_store_dir(path: Path) -> bool:
-    """True when ``path`` holds a loadspec store's ``meta.json`` and nothing but store files (safe to replace)."""
+    """True when ``path`` holds a loadspec store's ``meta.json`` and nothing but store files (safe to replace).
+
+    Store files are the token files, ``meta.json``, the builder's marker and
+    temp files, and the plan cache ``.plans`` that datasets write beside them.
+    """
     try:
         meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-        names = [e.name for e in path.iterdir()]
+        entries = list(path.iterdir())
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME and all(_STORE_ENTRY.match(n) for n in names)
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME and all(
+        _is_plan_cache_dir(e) if e.name == PLANS_DIR else bool(_STORE_ENTRY.match(e.name)) for e in entries)
 
 
 def _is_own_temp_dir(path: Path, out: Path) -> bool:
@@ -603,7 +622,11 @@ def _remove_own_dir(path: Path, out: Path) -> None:
         if not (path / _MARKER).exists():
             atomic_write_json(path / _MARKER, {"out": out.name, "pid": os.getpid(), "host": socket.gethostname()})
         for entry in path.iterdir():
-            if entry.name != _MARKER:
+            if entry.name == PLANS_DIR and _is_plan_cache_dir(entry):
+                for plan in entry.iterdir():
+                    plan.unlink()
+                entry.rmdir()
+            elif entry.name != _MARKER:
                 entry.unlink()
         (path / _MARKER).unlink(missing_ok=True)
         path.rmdir()

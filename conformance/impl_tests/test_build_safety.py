@@ -292,3 +292,31 @@ def test_a_symlinked_out_dir_returns_the_same_store_but_is_never_replaced(tmp_pa
     with pytest.raises(UnsafeOutputError, match="is a symlink.*pass the directory it points to"):
         TokenStore.build(["gamma"], tok, link, overwrite=True, progress=False)
     assert link.is_symlink() and TokenStore.open(real).fingerprint == store.fingerprint
+
+
+def test_overwrite_replaces_a_store_that_a_dataset_has_cached_plans_in(tmp_path):
+    from impl.dataset import PackedDataset
+    from impl.store import TokenStore
+
+    out = tmp_path / "store"
+    TokenStore.from_token_files([[[1, 2, 3, 4, 5]] * 8], out, vocab_size=8)
+    PackedDataset(out, seq_len=4, packing="best_fit")[0]   # computes a plan: cached in <store>/.plans
+    assert (out / ".plans").is_dir() and any((out / ".plans").iterdir())
+    store = TokenStore.from_token_files([[[6, 7]] * 3], out, vocab_size=8, overwrite=True)
+    assert len(store) == 3 and not (out / ".plans").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".store.")], "the old store was not removed"
+
+
+def test_a_plans_directory_holding_a_user_file_is_not_a_store_to_replace(tmp_path):
+    import pytest
+
+    from impl.errors import UnsafeOutputError
+    from impl.store import TokenStore
+
+    out = tmp_path / "store"
+    TokenStore.from_token_files([[[1, 2, 3]]], out, vocab_size=8)
+    (out / ".plans").mkdir()
+    (out / ".plans" / "notes.txt").write_text("mine")
+    with pytest.raises(UnsafeOutputError, match="not a loadspec token store"):
+        TokenStore.from_token_files([[[4]]], out, vocab_size=8, overwrite=True)
+    assert (out / ".plans" / "notes.txt").read_text() == "mine"

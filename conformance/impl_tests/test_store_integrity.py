@@ -188,11 +188,16 @@ def test_changed_document_offsets_are_refused_before_any_boundary_is_used(tmp_pa
     at = offsets_at + 8 * 10_000 + 1  # document 10,000's offset: past the first 64 KiB, before the values
     assert QUICK_SIGNATURE_BYTES < at < values_at and at < size - QUICK_SIGNATURE_BYTES
     _flip(path, at)
+    clean = TokenStore.open(out)
+    first = clean[0].tolist()
     store = TokenStore.open(out)
     with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
         _ = store.lengths
     with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
-        store[0]  # refused again: a file whose offsets failed is never left mapped
+        store[10_000]  # refused again: the failed block never counts as verified
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        TokenStore.open(out).document_bounds(0, np.array([3, 10_000]))
+    assert store[0].tolist() == first  # its offsets lie in another block, which passed
 
 
 # --------------------------------------------------------------------------- once per block, per store object
@@ -366,7 +371,7 @@ def _as_format_1(path: Path) -> None:
     """Rewrite a store's meta.json exactly as format 1 recorded it: no block checksums, version 1 in the fingerprint."""
     meta = json.loads((path / "meta.json").read_text())
     for record in meta["files"]:
-        del record["block_crc32"]
+        del record["block_crc32"], record["buffers"]
     del meta["layout"]["block_bytes"], meta["layout"]["block_checksum"]
     meta["format_version"] = 1
     meta["fingerprint"] = store_module._content_fingerprint(

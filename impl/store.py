@@ -12,11 +12,12 @@ gives every loader the same numbered documents:
   plus ``pa.ipc.open_file`` hands out numpy views of the page cache (no copy,
   no deserialisation, read-only);
 * ``meta.json`` (written last, atomically) records sizes, hashes, a CRC-32
-  per 1 MiB block of every file and a content fingerprint, so
-  :meth:`TokenStore.open` can refuse a store that is incomplete, truncated,
-  edited or from a newer format, in time independent of the store's size,
-  and every reader refuses a changed block before serving any of its tokens
-  (:meth:`TokenStore.check_blocks`).
+  per 64 KiB block of every file, where each file's buffers lie, and a
+  content fingerprint, so :meth:`TokenStore.open` can refuse a store that is
+  incomplete, truncated, edited or from a newer format, in time independent
+  of the store's size, and every reader refuses a changed block before
+  serving any of its tokens or using any of its offsets
+  (:meth:`TokenStore.check_blocks`, :meth:`TokenStore.document_bounds`).
 
 On-disk layout of ``out_dir``::
 
@@ -26,20 +27,39 @@ On-disk layout of ``out_dir``::
     tokens-00001.arrow   ``tokens: large_list<uint16 | uint32>``; row = document,
     ...                  the list offsets (int64) are the document boundaries
 
-Format 2 (this version) adds, per file record, ``block_crc32``: the
-big-endian CRC-32 (``zlib.crc32``) of each ``layout.block_bytes`` (1 MiB)
-block of the file's bytes, as one hex string of 8 digits a block, e.g.
-``"a1b2c3d4 0f0e0d0c ..."`` without the spaces (``layout.block_checksum`` is
-``"crc32"``). Format 1 stores (no block checksums) still open and read,
-checked by their quick signatures at map time and by a full
-:meth:`TokenStore.verify`; rebuilding one adds the per-block check of every
-read.
+Format 2 (this version) adds, per file record:
+
+* ``block_crc32``: the big-endian CRC-32 (``zlib.crc32``) of each
+  ``layout.block_bytes`` block of the file's bytes (64 KiB since the
+  buffer layout below; stores written with 1 MiB blocks read the same, the
+  size is read from ``meta.json``), as one hex string of 8 digits a block,
+  e.g. ``"a1b2c3d4 0f0e0d0c ..."`` without the spaces
+  (``layout.block_checksum`` is ``"crc32"``); parsed per file at its first
+  map;
+* ``buffers`` (optional): ``{"offsets": [byte, length], "values": [byte,
+  length]}``, where the document offsets (little-endian int64) and the
+  token values lie in the file (:func:`arrow_buffer_layout`, read with
+  pyarrow at build). A file is then mapped with one ``mmap`` and two
+  ``np.frombuffer`` views, without parsing its Arrow footer or reading a
+  quick signature: every byte used is block-checked first, the Arrow
+  metadata is not used, and :meth:`TokenStore.verify` compares the recorded
+  layout with the one Arrow reads. A record outside the file's bounds, of
+  the wrong length or misaligned is refused as corrupt. Records without it
+  (format-2 stores written before) are mapped through Arrow after their
+  quick signature, as format 1 is.
+
+Format 1 stores (no block checksums) still open and read, checked by their
+quick signatures at map time and by a full :meth:`TokenStore.verify`;
+rebuilding one adds the per-block check of every read.
 
 Guarantee: no reader returns a token of a format-2 file whose block changed
-since the build, and document boundaries come only from checked offsets.
-Each block is CRC'd once per store object (per process), on its first read;
-a block changed *after* this object verified it is not seen again until the
-store is opened anew (or :meth:`TokenStore.verify` runs).
+since the build, and document boundaries come only from checked offsets:
+the blocks holding a document's two offsets entries are checked before they
+are read (:meth:`TokenStore.document_bounds`), all of a file's offsets blocks
+before whole-file uses (``doc_offsets``, ``lengths``, iteration). Each block
+is CRC'd once per store object (per process), on its first read; a block
+changed *after* this object verified it is not seen again until the store is
+opened anew (or :meth:`TokenStore.verify` runs).
 
 Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
 the split depends only on the document count, never on ``num_proc``, so the
@@ -492,9 +512,10 @@ class TokenStore:
     Each is a binary search over files (``O(log files)``) and slicing of a
     mapped buffer, never a Python loop over documents. Opening reads
     ``meta.json`` and stats each file (no file is opened or read), so its
-    cost does not grow with the number of tokens; a file's content signature
-    and the blocks holding its offsets are checked when it is first mapped,
-    and every other block on its first read (:meth:`check_blocks`).
+    cost does not grow with the number of tokens; a format-2 file is mapped
+    from its recorded buffer layout on first use, and each block (of offsets
+    or of tokens) is checked on its first read (:meth:`document_bounds`,
+    :meth:`check_blocks`).
     """
 
     # ------------------------------------------------------------ construction
@@ -821,12 +842,13 @@ class TokenStore:
         parses; format name and version are known (StoreVersionError for a
         newer or unknown version); every token file exists and has the
         recorded size (StoreCorruptError naming the file otherwise). A file is
-        memory-mapped on first use, when its quick signature (first and last
-        64 KiB), Arrow footer, schema, document count and last offset are
-        checked against the record before any of its tokens is returned, with
-        the CRC-32 of the blocks holding its offsets (format 2); each other
-        block is checked on its first read. A file changed since the build is
-        refused then, with the same error type.
+        memory-mapped on first use: a format-2 file with a recorded buffer
+        layout at the recorded offsets (bounds, lengths and alignment
+        checked), any other after its quick signature (first and last 64 KiB),
+        Arrow footer, schema, document count and last offset are checked
+        against the record. Every format-2 block, of offsets or of tokens, is
+        CRC'd before its first use. A file changed since the build is refused
+        then, with the same error type.
         """
         root = Path(path)
         if not root.exists():
@@ -1141,11 +1163,14 @@ class TokenStore:
         store, the file, the block and its bytes, and the fix.
 
         Why blocks of the file's bytes (not of the token values): one scheme
-        covers values, offsets and Arrow metadata alike, the build computes
-        it in the same read as the file's sha256, and 1 MiB costs ~0.25 ms
-        to CRC (zlib, ~4 GB/s) while adding 8 hex digits to ``meta.json``.
-        The offsets' blocks are checked when the file is mapped, since every
-        document boundary comes from them. Format-1 files have no block
+        covers values, offsets and Arrow metadata alike, and the build
+        computes it in the same read as the file's sha256. Why 64 KiB: a
+        fresh resume's first batch reads ~40 documents in ~40 different
+        blocks of values and ~40 of offsets; at 1 MiB (~0.25 ms of CRC each)
+        that was most of its cost, at 64 KiB it is ~16 us each, for 8 hex
+        digits of ``meta.json`` per 64 KiB (~170 KB for a 1.3 GB store,
+        parsed per file at its first map). A document's offsets are checked
+        per entry by :meth:`document_bounds`. Format-1 files have no block
         checksums: for them this only maps the file (quick signature).
 
         Thread-safe: concurrent readers may check the same block; each block

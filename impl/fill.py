@@ -34,6 +34,7 @@ Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from itertools import chain, pairwise
 from typing import Any, cast
@@ -98,7 +99,7 @@ class TokenSource:
     [7, 5, 6]
     """
 
-    __slots__ = ("_bounds", "_check", "_doc_len", "_doc_lo", "_files", "_known", "_load", "_starts")
+    __slots__ = ("_bounds", "_check", "_files", "_load", "_located", "_starts")
 
     def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
                  check: Checker | None = None, bounds: Bounds | None = None) -> None:
@@ -111,10 +112,7 @@ class TokenSource:
         self._check = check
         self._bounds = bounds
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
-        n = int(starts[-1])
-        self._known = np.zeros(n, dtype=bool)       # documents whose bounds are recorded below
-        self._doc_lo = np.empty(n, dtype=_I64)
-        self._doc_len = np.empty(n, dtype=_I64)
+        self._located = _demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
 
     @classmethod
     def from_store(cls, store: Any) -> TokenSource:
@@ -162,9 +160,8 @@ class TokenSource:
                     f"file {f} holds {len(got[1]) - 1} documents where {hi - lo} were announced")
             if self._bounds is None:
                 offsets = np.asarray(got[1], dtype=_I64)
-                self._doc_lo[lo:hi] = offsets[:-1]
-                np.subtract(offsets[1:], offsets[:-1], out=self._doc_len[lo:hi])
-                self._known[lo:hi] = True
+                self._located[lo:hi, 0] = offsets[:-1]
+                np.subtract(offsets[1:], offsets[:-1] - 1, out=self._located[lo:hi, 1])
             self._files[f] = got
         return got
 
@@ -191,10 +188,12 @@ class TokenSource:
             file = np.zeros(len(docs), dtype=_I64)
         else:
             file = np.searchsorted(self._starts, docs, side="right") - 1
-        known = self._known[docs]
-        if not known.all():
-            self._learn(docs[~known], file[~known])
-        return file, self._doc_lo[docs], self._doc_len[docs]
+        rows = self._located[docs]
+        if not rows[:, 1].all():
+            unknown = rows[:, 1] == 0
+            self._learn(docs[unknown], file[unknown])
+            rows = self._located[docs]
+        return file, rows[:, 0], rows[:, 1] - 1
 
     def _learn(self, docs: np.ndarray, files: np.ndarray) -> None:
         """Record the bounds of ``docs`` (in ``files``): per file, one ``bounds`` call, or the file's whole offsets."""
@@ -203,9 +202,7 @@ class TokenSource:
             if self._bounds is not None:
                 mine = docs if sel is None else docs[sel]
                 lo, length = self._bounds(f, mine - self._starts[f])
-                self._doc_lo[mine] = lo
-                self._doc_len[mine] = length
-                self._known[mine] = True
+                self._located[mine] = np.stack((lo, length + 1), axis=1)
 
     def gather(self, out: np.ndarray, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, dest: np.ndarray,
                tail: np.ndarray | None = None) -> None:
@@ -251,6 +248,27 @@ class TokenSource:
             out[into[front]] = got[front]
             if tail is not None:
                 tail[into[~front] - T] = got[~front]
+
+
+def _demand_zero_rows(n: int) -> np.ndarray:
+    """An ``n x 2`` int64 table of zeros whose pages are zeroed by the kernel as they are first touched.
+
+    Why not ``np.zeros``/``np.empty``: numpy advises allocations of 4 MB and
+    more into 2 MiB huge pages, each zeroed whole on its first write, so the
+    ~40 rows a fresh resume's first batch writes cost milliseconds; here each
+    costs one 4 KiB page.
+
+    >>> t = _demand_zero_rows(3)
+    >>> t[1] = (5, 7)
+    >>> t.tolist()
+    [[0, 0], [5, 7], [0, 0]]
+    """
+    if n == 0:
+        return np.zeros((0, 2), dtype=_I64)
+    buf = mmap.mmap(-1, n * 16)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=_I64).reshape(n, 2)
 
 
 # ------------------------------------------------------------------ the fill

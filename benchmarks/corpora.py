@@ -67,10 +67,15 @@ def cache_root() -> Path:
 
 
 def store_dir_name() -> str:
-    """Cache directory of the impl store: ``store`` for format 1, ``store-v<N>`` for later formats."""
-    from impl.store import FORMAT_VERSION
+    """Cache directory of the impl store: ``store`` for format 1, ``store-v<N>-b<block KiB>k-buffers`` after.
 
-    return "store" if FORMAT_VERSION == 1 else f"store-v{FORMAT_VERSION}"
+    Why the block size and ``buffers`` in the name: a format-2 store built
+    before the records carried their buffer layout (or with other blocks)
+    still opens, but is not what this checkout measures.
+    """
+    from impl.store import BLOCK_BYTES, FORMAT_VERSION
+
+    return "store" if FORMAT_VERSION == 1 else f"store-v{FORMAT_VERSION}-b{BLOCK_BYTES // 1024}k-buffers"
 
 
 def size_from_env() -> str:

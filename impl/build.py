@@ -62,6 +62,7 @@ from impl.store import (
     TokenStore,
     _arrow_type,
     _content_fingerprint,
+    arrow_buffer_layout,
     hash_file_blocks,
     quick_signature,
 )
@@ -385,9 +386,10 @@ def _version_of(module: str) -> str | None:
 
 
 def _file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, Any]:
-    """The file's record: counts, size, sha256, quick signature and a CRC-32 per block (one read of the file)."""
+    """The file's record: counts, size, sha256, quick signature, a CRC-32 per block and the Arrow buffer layout."""
     size = os.path.getsize(path)
     sha256, block_crc32 = hash_file_blocks(path, BLOCK_BYTES)
+    buffers = arrow_buffer_layout(path)
     return FileRecord(
         name=os.path.basename(path),
         num_documents=len(offsets) - 1,
@@ -397,6 +399,7 @@ def _file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, An
         sha256=sha256,
         quick_signature=quick_signature(path, size),
         block_crc32=block_crc32,
+        buffers=buffers,
     ).to_json()
 
 

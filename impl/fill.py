@@ -34,6 +34,7 @@ Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from itertools import chain, pairwise
 from typing import Any, cast
@@ -63,6 +64,7 @@ BATCH_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets
 _NO_TOKENS = np.zeros(0, dtype=_I64)
 Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
 Checker = Callable[[int, np.ndarray, np.ndarray], None]
+Bounds = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 # ------------------------------------------------------------------ tokens
@@ -76,9 +78,17 @@ class TokenSource:
     ``(values, offsets)`` (tokens, and file-local document offsets of length
     documents + 1), and ``check(f, starts, stops)`` is called with the
     file-local token ranges about to be copied, before they are copied.
-    :meth:`from_store` wires these to ``TokenStore._part`` (which maps and
-    signs a file the first time it is asked for) and
-    ``TokenStore.check_blocks``; nothing is read at construction.
+    ``bounds(f, local_docs)``, when given, returns ``(start, length)`` of
+    file-local documents from checked offsets: documents are then located
+    one at a time as batches name them (the offsets returned by ``load`` are
+    never read); without it, a file's offsets are copied whole at its first
+    use. :meth:`from_store` wires these to ``TokenStore._map`` (which maps a
+    file the first time it is asked for), ``TokenStore.check_blocks`` and
+    ``TokenStore.document_bounds``; nothing is read at construction.
+
+    Why per document: a fresh resume's first batch names a few documents in
+    each of many files; checking and copying each file's whole offsets
+    region cost more than the batch itself.
 
     >>> src = TokenSource.from_files([[[5, 6]], [[], [7]]])
     >>> [a.tolist() for a in src.locate(np.array([2, 0]))]       # (file, file-local start, length)
@@ -89,10 +99,10 @@ class TokenSource:
     [7, 5, 6]
     """
 
-    __slots__ = ("_check", "_doc_len", "_doc_lo", "_files", "_load", "_loaded", "_starts")
+    __slots__ = ("_bounds", "_check", "_files", "_load", "_located", "_starts")
 
     def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
-                 check: Checker | None = None) -> None:
+                 check: Checker | None = None, bounds: Bounds | None = None) -> None:
         starts = np.asarray(file_document_starts, dtype=_I64).reshape(-1)
         require(len(starts) >= 2 and int(starts[0]) == 0 and bool((np.diff(starts) >= 0).all()), ConfigError,
                 f"file_document_starts={starts.tolist()!r} must start at 0, never decrease and name at least one "
@@ -100,16 +110,21 @@ class TokenSource:
         self._starts = starts
         self._load = load
         self._check = check
+        self._bounds = bounds
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
-        self._loaded = np.zeros(len(starts) - 1, dtype=bool)
-        n = int(starts[-1])
-        self._doc_lo = np.empty(n, dtype=_I64)      # filled one file's range at a time, as files are loaded
-        self._doc_len = np.empty(n, dtype=_I64)
+        self._located = _demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
 
     @classmethod
     def from_store(cls, store: Any) -> TokenSource:
-        """The store's files, each mapped (and signed) by the store when a batch first touches it."""
-        return cls(store.file_document_starts, store._part, store.check_blocks)
+        """The store's files, each mapped by the store when a batch first touches it, offsets checked per document.
+
+        A store without ``document_bounds`` (e.g. a split view) hands out
+        files whose offsets ``_part`` checked whole.
+        """
+        bounds = getattr(store, "document_bounds", None)
+        if bounds is None:
+            return cls(store.file_document_starts, store._part, store.check_blocks)
+        return cls(store.file_document_starts, store._map, store.check_blocks, bounds)
 
     @classmethod
     def from_files(cls, files: Sequence[Sequence[Sequence[int]]], dtype: Any = np.int64) -> TokenSource:
@@ -136,18 +151,18 @@ class TokenSource:
         return len(self._starts) - 1
 
     def file(self, f: int) -> tuple[np.ndarray, np.ndarray]:
-        """File ``f``'s ``(values, offsets)``, loaded on first use (its documents' bounds recorded then)."""
+        """File ``f``'s ``(values, offsets)``, loaded on first use (without ``bounds``, its documents' bounds recorded then)."""
         got = self._files[f]
         if got is None:
             got = self._load(f)
-            offsets = np.asarray(got[1], dtype=_I64)
             lo, hi = int(self._starts[f]), int(self._starts[f + 1])
-            require(len(offsets) == hi - lo + 1, ConfigError,
-                    f"file {f} holds {len(offsets) - 1} documents where {hi - lo} were announced")
-            self._doc_lo[lo:hi] = offsets[:-1]
-            np.subtract(offsets[1:], offsets[:-1], out=self._doc_len[lo:hi])
+            require(len(got[1]) == hi - lo + 1, ConfigError,
+                    f"file {f} holds {len(got[1]) - 1} documents where {hi - lo} were announced")
+            if self._bounds is None:
+                offsets = np.asarray(got[1], dtype=_I64)
+                self._located[lo:hi, 0] = offsets[:-1]
+                np.subtract(offsets[1:], offsets[:-1] - 1, out=self._located[lo:hi, 1])
             self._files[f] = got
-            self._loaded[f] = True
         return got
 
     def _groups(self, files: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
@@ -173,11 +188,21 @@ class TokenSource:
             file = np.zeros(len(docs), dtype=_I64)
         else:
             file = np.searchsorted(self._starts, docs, side="right") - 1
-        missing = ~self._loaded[file]
-        if missing.any():
-            for f in np.unique(file[missing]).tolist():
-                self.file(f)
-        return file, self._doc_lo[docs], self._doc_len[docs]
+        rows = self._located[docs]
+        if not rows[:, 1].all():
+            unknown = rows[:, 1] == 0
+            self._learn(docs[unknown], file[unknown])
+            rows = self._located[docs]
+        return file, rows[:, 0], rows[:, 1] - 1
+
+    def _learn(self, docs: np.ndarray, files: np.ndarray) -> None:
+        """Record the bounds of ``docs`` (in ``files``): per file, one ``bounds`` call, or the file's whole offsets."""
+        for f, sel in self._groups(files):
+            self.file(f)
+            if self._bounds is not None:
+                mine = docs if sel is None else docs[sel]
+                lo, length = self._bounds(f, mine - self._starts[f])
+                self._located[mine] = np.stack((lo, length + 1), axis=1)
 
     def gather(self, out: np.ndarray, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, dest: np.ndarray,
                tail: np.ndarray | None = None) -> None:
@@ -223,6 +248,27 @@ class TokenSource:
             out[into[front]] = got[front]
             if tail is not None:
                 tail[into[~front] - T] = got[~front]
+
+
+def _demand_zero_rows(n: int) -> np.ndarray:
+    """An ``n x 2`` int64 table of zeros whose pages are zeroed by the kernel as they are first touched.
+
+    Why not ``np.zeros``/``np.empty``: numpy advises allocations of 4 MB and
+    more into 2 MiB huge pages, each zeroed whole on its first write, so the
+    ~40 rows a fresh resume's first batch writes cost milliseconds; here each
+    costs one 4 KiB page.
+
+    >>> t = _demand_zero_rows(3)
+    >>> t[1] = (5, 7)
+    >>> t.tolist()
+    [[0, 0], [5, 7], [0, 0]]
+    """
+    if n == 0:
+        return np.zeros((0, 2), dtype=_I64)
+    buf = mmap.mmap(-1, n * 16)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=_I64).reshape(n, 2)
 
 
 # ------------------------------------------------------------------ the fill

@@ -12,11 +12,12 @@ gives every loader the same numbered documents:
   plus ``pa.ipc.open_file`` hands out numpy views of the page cache (no copy,
   no deserialisation, read-only);
 * ``meta.json`` (written last, atomically) records sizes, hashes, a CRC-32
-  per 1 MiB block of every file and a content fingerprint, so
-  :meth:`TokenStore.open` can refuse a store that is incomplete, truncated,
-  edited or from a newer format, in time independent of the store's size,
-  and every reader refuses a changed block before serving any of its tokens
-  (:meth:`TokenStore.check_blocks`).
+  per 64 KiB block of every file, where each file's buffers lie, and a
+  content fingerprint, so :meth:`TokenStore.open` can refuse a store that is
+  incomplete, truncated, edited or from a newer format, in time independent
+  of the store's size, and every reader refuses a changed block before
+  serving any of its tokens or using any of its offsets
+  (:meth:`TokenStore.check_blocks`, :meth:`TokenStore.document_bounds`).
 
 On-disk layout of ``out_dir``::
 
@@ -26,20 +27,39 @@ On-disk layout of ``out_dir``::
     tokens-00001.arrow   ``tokens: large_list<uint16 | uint32>``; row = document,
     ...                  the list offsets (int64) are the document boundaries
 
-Format 2 (this version) adds, per file record, ``block_crc32``: the
-big-endian CRC-32 (``zlib.crc32``) of each ``layout.block_bytes`` (1 MiB)
-block of the file's bytes, as one hex string of 8 digits a block, e.g.
-``"a1b2c3d4 0f0e0d0c ..."`` without the spaces (``layout.block_checksum`` is
-``"crc32"``). Format 1 stores (no block checksums) still open and read,
-checked by their quick signatures at map time and by a full
-:meth:`TokenStore.verify`; rebuilding one adds the per-block check of every
-read.
+Format 2 (this version) adds, per file record:
+
+* ``block_crc32``: the big-endian CRC-32 (``zlib.crc32``) of each
+  ``layout.block_bytes`` block of the file's bytes (64 KiB since the
+  buffer layout below; stores written with 1 MiB blocks read the same, the
+  size is read from ``meta.json``), as one hex string of 8 digits a block,
+  e.g. ``"a1b2c3d4 0f0e0d0c ..."`` without the spaces
+  (``layout.block_checksum`` is ``"crc32"``); parsed per file at its first
+  map;
+* ``buffers`` (optional): ``{"offsets": [byte, length], "values": [byte,
+  length]}``, where the document offsets (little-endian int64) and the
+  token values lie in the file (:func:`arrow_buffer_layout`, read with
+  pyarrow at build). A file is then mapped with one ``mmap`` and two
+  ``np.frombuffer`` views, without parsing its Arrow footer or reading a
+  quick signature: every byte used is block-checked first, the Arrow
+  metadata is not used, and :meth:`TokenStore.verify` compares the recorded
+  layout with the one Arrow reads. A record outside the file's bounds, of
+  the wrong length or misaligned is refused as corrupt. Records without it
+  (format-2 stores written before) are mapped through Arrow after their
+  quick signature, as format 1 is.
+
+Format 1 stores (no block checksums) still open and read, checked by their
+quick signatures at map time and by a full :meth:`TokenStore.verify`;
+rebuilding one adds the per-block check of every read.
 
 Guarantee: no reader returns a token of a format-2 file whose block changed
-since the build, and document boundaries come only from checked offsets.
-Each block is CRC'd once per store object (per process), on its first read;
-a block changed *after* this object verified it is not seen again until the
-store is opened anew (or :meth:`TokenStore.verify` runs).
+since the build, and document boundaries come only from checked offsets:
+the blocks holding a document's two offsets entries are checked before they
+are read (:meth:`TokenStore.document_bounds`), all of a file's offsets blocks
+before whole-file uses (``doc_offsets``, ``lengths``, iteration). Each block
+is CRC'd once per store object (per process), on its first read; a block
+changed *after* this object verified it is not seen again until the store is
+opened anew (or :meth:`TokenStore.verify` runs).
 
 Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
 the split depends only on the document count, never on ``num_proc``, so the
@@ -60,6 +80,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import mmap
 import operator
 import os
 import threading
@@ -95,6 +116,7 @@ __all__ = [
     "SourceError",
     "TokenStore",
     "TokenizerInfo",
+    "arrow_buffer_layout",
     "hash_file_blocks",
     "quick_signature",
     "sha256_file",
@@ -113,9 +135,10 @@ DEFAULT_DOCS_PER_FILE = 65536
 #: Bytes hashed at each end of a file by the open-time quick signature.
 QUICK_SIGNATURE_BYTES = 64 * 1024
 #: Bytes of a token file covered by one CRC-32 in format 2 (the last block may be shorter).
-BLOCK_BYTES = 1 << 20
+BLOCK_BYTES = 64 * 1024
 _UINT16_LIMIT = 1 << 16
-_READ_CHUNK = BLOCK_BYTES
+_READ_CHUNK = 1 << 20
+_OFFSET_BYTES = 8
 
 
 # --------------------------------------------------------------------------- configuration
@@ -163,19 +186,25 @@ class FileRecord:
     quick_signature: str
     #: Format 2: big-endian CRC-32 of each :data:`BLOCK_BYTES` block of the file, as hex (8 digits a block).
     block_crc32: str | None = None
+    #: Format 2: where the Arrow buffers lie in the file, ``{"offsets": [byte, length], "values": [byte, length]}``
+    #: (see :func:`arrow_buffer_layout`); lets the first map skip the Arrow footer parse.
+    buffers: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        if self.block_crc32 is None:
-            del out["block_crc32"]
+        for name in _OPTIONAL_FIELDS:
+            if out[name] is None:
+                del out[name]
         return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> FileRecord:
-        return cls(**{name: obj[name] for name in _RECORD_FIELDS}, block_crc32=obj.get("block_crc32"))
+        return cls(**{name: obj[name] for name in _RECORD_FIELDS}, block_crc32=obj.get("block_crc32"),
+                   buffers=obj.get("buffers"))
 
 
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(FileRecord) if f.name != "block_crc32")
+_OPTIONAL_FIELDS = ("block_crc32", "buffers")
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(FileRecord) if f.name not in _OPTIONAL_FIELDS)
 
 
 # --------------------------------------------------------------------------- hashing
@@ -213,12 +242,13 @@ def hash_file_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
     """
     h = hashlib.sha256()
     crcs = bytearray()
+    chunk = max(block_bytes, _READ_CHUNK // block_bytes * block_bytes)
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(block_bytes)
+        buf = bytearray(chunk)
         view = memoryview(buf)
         while True:
             n = f.readinto(buf)
-            while n and n < block_bytes:
+            while n and n < chunk:
                 more = f.readinto(view[n:])
                 if not more:
                     break
@@ -226,8 +256,9 @@ def hash_file_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
             if not n:
                 break
             h.update(view[:n])
-            crcs += zlib.crc32(view[:n]).to_bytes(4, "big")
-            if n < block_bytes:
+            for a in range(0, n, block_bytes):
+                crcs += zlib.crc32(view[a:min(a + block_bytes, n)]).to_bytes(4, "big")
+            if n < chunk:
                 break
     return h.hexdigest(), crcs.hex()
 
@@ -290,6 +321,67 @@ def _arrow_type(dtype: np.dtype) -> pa.DataType:
     return pa.large_list(pa.from_numpy_dtype(dtype))
 
 
+def _open_arrow(path: str | os.PathLike[str]) -> tuple[pa.LargeListArray, pa.Buffer]:
+    """The token column of a one-batch Arrow IPC file and the whole file as one mapped buffer."""
+    with pa.memory_map(os.fspath(path), "r") as mm:
+        reader = pa.ipc.open_file(mm)
+        if reader.num_record_batches != 1:
+            raise StoreCorruptError(f"{path}: {reader.num_record_batches} record batches, expected 1; {REBUILD_HINT}")
+        batch = reader.get_batch(0)
+        if batch.num_columns != 1 or not pa.types.is_large_list(batch.column(0).type):
+            raise StoreCorruptError(f"{path}: schema {batch.schema} is not one large_list column; {REBUILD_HINT}")
+        mm.seek(0)
+        whole = mm.read_buffer(mm.size())
+    # The mapping outlives the closed file: Arrow buffers keep the region alive.
+    return batch.column(0), whole
+
+
+def _buffer_layout(path: str | os.PathLike[str], col: pa.LargeListArray, whole: pa.Buffer) -> dict[str, list[int]]:
+    """``{"offsets": [byte, length], "values": [byte, length]}`` of ``col``'s buffers inside ``whole``."""
+    base, size = int(whole.address), whole.size
+
+    def span(buf: pa.Buffer | None, nbytes: int) -> list[int]:
+        if buf is None or nbytes == 0:
+            return [0, 0]
+        start = int(buf.address) - base
+        if not 0 <= start <= start + nbytes <= size:
+            raise StoreCorruptError(f"{path}: an Arrow buffer lies outside the file; {REBUILD_HINT}")
+        return [start, nbytes]
+
+    item = col.type.value_type.bit_width // 8
+    offsets_buf = col.buffers()[1]
+    return {
+        "offsets": span(offsets_buf, 0 if offsets_buf is None else (len(col) + 1) * _OFFSET_BYTES),
+        "values": span(col.values.buffers()[1], len(col.values) * item),
+    }
+
+
+def arrow_buffer_layout(path: str | os.PathLike[str]) -> dict[str, list[int]]:
+    """Where a token file's document offsets and token values lie: ``{"offsets": [byte, length], "values": [...]}``.
+
+    Read once at build with pyarrow and recorded in the file's
+    ``meta.json`` record (``buffers``), so the first map of a format-2 file
+    is one ``mmap`` and two ``np.frombuffer`` views, with no Arrow footer
+    parse; :meth:`TokenStore.verify` reads it again and compares. The file
+    stays an ordinary Arrow IPC file. Offsets are int64 (``(documents + 1) *
+    8`` bytes; ``[0, 0]`` when Arrow stored none for an empty file), values
+    ``tokens * itemsize`` bytes; both little-endian, as Arrow writes them.
+
+    >>> import tempfile
+    >>> col = pa.array([[1, 2], [3]], type=pa.large_list(pa.uint16()))
+    >>> with tempfile.NamedTemporaryFile(suffix=".arrow") as f:
+    ...     with pa.ipc.new_file(f.name, pa.schema([("tokens", col.type)])) as w:
+    ...         w.write_batch(pa.record_batch([col], names=["tokens"]))
+    ...     layout = arrow_buffer_layout(f.name)
+    ...     data = open(f.name, "rb").read()
+    >>> at, n = layout["offsets"]
+    >>> np.frombuffer(data[at:at + n], "<i8").tolist(), layout["values"][1]
+    ([0, 2, 3], 6)
+    """
+    col, whole = _open_arrow(path)
+    return _buffer_layout(path, col, whole)
+
+
 # --------------------------------------------------------------------------- meta validation
 
 
@@ -349,19 +441,25 @@ class _Blocks:
 
     ``data`` is the whole file as a read-only uint8 view of the same mapping
     the tokens are served from, so a block is checked in exactly the bytes a
-    reader copies; ``base`` is the byte offset of the file's token values.
+    reader copies; ``base`` is the byte offset of the file's token values,
+    ``offsets_at`` that of its document offsets; ``offsets_done`` says every
+    block holding offsets is verified (then offsets are read unchecked).
     """
 
-    __slots__ = ("base", "block", "complete", "crcs", "data", "itemsize", "lock", "verified")
+    __slots__ = ("base", "block", "complete", "crcs", "data", "itemsize", "lock", "offsets_at", "offsets_done",
+                 "verified")
 
-    def __init__(self, data: np.ndarray, base: int, itemsize: int, block: int, crcs: np.ndarray) -> None:
+    def __init__(self, data: np.ndarray, base: int, itemsize: int, block: int, crcs: np.ndarray,
+                 offsets_at: int) -> None:
         self.data = data
         self.base = base
         self.itemsize = itemsize
         self.block = block
         self.crcs = crcs
+        self.offsets_at = offsets_at
         self.verified = np.zeros(len(crcs), dtype=bool)
         self.complete = len(crcs) == 0
+        self.offsets_done = self.complete
         self.lock = threading.Lock()
 
 
@@ -414,9 +512,10 @@ class TokenStore:
     Each is a binary search over files (``O(log files)``) and slicing of a
     mapped buffer, never a Python loop over documents. Opening reads
     ``meta.json`` and stats each file (no file is opened or read), so its
-    cost does not grow with the number of tokens; a file's content signature
-    and the blocks holding its offsets are checked when it is first mapped,
-    and every other block on its first read (:meth:`check_blocks`).
+    cost does not grow with the number of tokens; a format-2 file is mapped
+    from its recorded buffer layout on first use, and each block (of offsets
+    or of tokens) is checked on its first read (:meth:`document_bounds`,
+    :meth:`check_blocks`).
     """
 
     # ------------------------------------------------------------ construction
@@ -460,8 +559,13 @@ class TokenStore:
         self._doc_offsets: np.ndarray | None = None
         self._lengths: np.ndarray | None = None
 
-    def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
-        """File ``f``'s (values, offsets), mapped and its Arrow layout validated on first use."""
+    def _map(self, f: int) -> tuple[np.ndarray, np.ndarray]:
+        """File ``f``'s (values, offsets) views, mapped on first use; the offsets' blocks are **not** checked yet.
+
+        Callers read offsets only through :meth:`_part` (all of them checked)
+        or :meth:`document_bounds` (the entries asked for); values only after
+        :meth:`check_blocks`.
+        """
         mapped = self._mapped[f]
         if mapped is None:
             with self._map_lock:
@@ -469,6 +573,16 @@ class TokenStore:
                 mapped = self._mapped[f]
                 if mapped is None:
                     mapped = self._mapped[f] = self._map_file(self._records[f])
+        return mapped
+
+    def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
+        """File ``f``'s (values, offsets), mapped on first use, every block of its offsets checked."""
+        mapped = self._mapped[f]
+        if mapped is None:
+            mapped = self._map(f)
+        blocks = self._blocks[f]
+        if blocks is not None and not blocks.offsets_done:
+            self._check_all_offsets(f, blocks, mapped[1])
         return mapped
 
     def _require_open(self) -> None:
@@ -528,34 +642,103 @@ class TokenStore:
             )
 
     def _map_file(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
+        """Map one file: straight from its recorded buffer layout (format 2), else through Arrow."""
+        if self._version >= 2 and rec.buffers is not None:
+            return self._map_direct(rec)
+        values, offsets, whole, layout = self._map_arrow(rec, signature=True)
+        if whole is not None:
+            self._blocks[self._file_index[rec.name]] = self._new_blocks(
+                rec, np.frombuffer(whole, dtype=np.uint8), layout["values"][0], layout["offsets"][0])
+        return values, offsets
+
+    def _new_blocks(self, rec: FileRecord, data: np.ndarray, values_at: int, offsets_at: int) -> _Blocks:
+        try:
+            crcs = np.frombuffer(bytes.fromhex(rec.block_crc32 or ""), dtype=">u4").astype(np.uint32)
+        except ValueError:
+            raise StoreCorruptError(
+                f"{self._where(rec.name)}: its block_crc32 in {META_FILE} is not hexadecimal; {REBUILD_HINT}"
+            ) from None
+        return _Blocks(data, values_at, self._dtype.itemsize, self._block_bytes, crcs, offsets_at)
+
+    def _recorded_buffer(self, rec: FileRecord, name: str, nbytes: int, align: int) -> int:
+        """Byte offset of the recorded buffer ``name``, refused unless it has ``nbytes`` bytes inside the file."""
+        span = rec.buffers.get(name) if isinstance(rec.buffers, Mapping) else None
+        ok = (isinstance(span, list) and len(span) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in span))
+        if ok:
+            at, n = span  # type: ignore[misc]
+            ok = n == nbytes and 0 <= at and at + n <= rec.size and at % align == 0
+        if not ok:
+            raise StoreCorruptError(
+                f"{self._where(rec.name)}: {META_FILE} records its {name} buffer at {span!r}, not {nbytes} bytes "
+                f"(aligned to {align}) inside its {rec.size} bytes; {REBUILD_HINT}"
+            )
+        return int(at)
+
+    def _map_direct(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
+        """One ``mmap`` and two views at the recorded byte offsets: no Arrow footer parse, no quick signature.
+
+        Why no quick signature (format 2): every byte used is block-checked
+        before it is used (offsets by :meth:`document_bounds`/:meth:`_part`,
+        values by :meth:`check_blocks`), and the Arrow metadata is not used.
+        """
+        where = self._where(rec.name)
+        item = self._dtype.itemsize
+        docs = rec.num_documents
+        no_offsets = docs == 0 and isinstance(rec.buffers, Mapping) and rec.buffers.get("offsets") == [0, 0]
+        offsets_at = self._recorded_buffer(rec, "offsets", 0 if no_offsets else (docs + 1) * _OFFSET_BYTES,
+                                           _OFFSET_BYTES)
+        values_at = self._recorded_buffer(rec, "values", rec.num_tokens * item, item)
+        try:
+            with open(f"{self._root}/{rec.name}", "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
+        except (OSError, ValueError) as exc:
+            raise StoreCorruptError(f"{where} could not be mapped ({exc}); {REBUILD_HINT}") from exc
+        if len(mm) != rec.size:
+            raise StoreCorruptError(
+                f"{where} changed since it was built ({len(mm)} bytes, {rec.size} when built); {REBUILD_HINT}"
+            )
+        data = np.frombuffer(mm, dtype=np.uint8)
+        if no_offsets:
+            offsets = np.zeros(1, dtype=np.int64)
+            offsets.setflags(write=False)
+        else:
+            offsets = np.frombuffer(mm, dtype="<i8", count=docs + 1, offset=offsets_at)
+        values = np.frombuffer(mm, dtype=self._dtype, count=rec.num_tokens, offset=values_at)
+        self._blocks[self._file_index[rec.name]] = self._new_blocks(rec, data, values_at, offsets_at)
+        return values, offsets
+
+    def _map_arrow(self, rec: FileRecord, *, signature: bool
+                   ) -> tuple[np.ndarray, np.ndarray, pa.Buffer | None, dict[str, list[int]]]:
+        """Map through Arrow, checking footer, schema, counts and end offsets: ``(values, offsets, whole, layout)``.
+
+        The path of format-1 files, of format-2 files recorded without a
+        buffer layout (``signature``: their quick signature first, since the
+        Arrow metadata read here is not block-checked), and of :meth:`verify`.
+        """
         fp = self._path / rec.name
         where = self._where(rec.name)
-        self._check_file(rec, content=True)
+        self._check_file(rec, content=signature)
         try:
-            with pa.memory_map(str(fp), "r") as mm:
-                reader = pa.ipc.open_file(mm)
-                if reader.num_record_batches != 1:
-                    raise StoreCorruptError(f"{where}: {reader.num_record_batches} record batches, expected 1; {REBUILD_HINT}")
-                batch = reader.get_batch(0)
-                mm.seek(0)
-                whole = mm.read_buffer(rec.size) if self._version >= 2 else None
-            # The mapping outlives the closed file: Arrow buffers keep the region alive.
+            col, whole = _open_arrow(fp)
         except StoreCorruptError:
             raise
         except (pa.ArrowException, OSError) as exc:
             raise StoreCorruptError(f"{where} is not a readable Arrow file ({exc}); {REBUILD_HINT}") from exc
         expected = _arrow_type(self._dtype)
-        if batch.num_columns != 1 or batch.schema.names != [COLUMN] or batch.column(0).type != expected:
+        if col.type != expected:
             raise StoreCorruptError(
-                f"{where}: schema {batch.schema} is not `{COLUMN}: {expected}` as recorded; {REBUILD_HINT}"
+                f"{where}: schema `{COLUMN}: {col.type}` is not `{COLUMN}: {expected}` as recorded; {REBUILD_HINT}"
             )
-        col = batch.column(0)
         if len(col) != rec.num_documents or col.null_count or col.offset:
             raise StoreCorruptError(
                 f"{where} holds {len(col)} documents, {rec.num_documents} when built; {REBUILD_HINT}"
             )
-        if whole is not None:
-            self._blocks[self._file_index[rec.name]] = self._file_blocks(rec, whole, col)
+        if whole.size != rec.size:
+            raise StoreCorruptError(f"{where} changed size while being mapped; {REBUILD_HINT}")
+        layout = _buffer_layout(fp, col, whole)
         offsets = col.offsets.to_numpy(zero_copy_only=True)
         if len(offsets) == 0:  # Arrow may store a 0-length list array with no offsets at all
             offsets = np.zeros(1, dtype=np.int64)
@@ -566,44 +749,61 @@ class TokenStore:
             raise StoreCorruptError(
                 f"{where}: document offsets do not match the {rec.num_tokens} tokens recorded; {REBUILD_HINT}"
             )
-        return values, offsets
+        return values, offsets, (whole if self._version >= 2 else None), layout
 
-    def _file_blocks(self, rec: FileRecord, whole: pa.Buffer, col: pa.LargeListArray) -> _Blocks:
-        """The file's block state, with the blocks holding its offsets already verified.
-
-        Why the offsets are checked here: every document boundary (and
-        ``doc_offsets``/``lengths``) comes from them, so they are checked
-        before they are used at all, in the same blocks as the tokens.
-        """
-        where = self._where(rec.name)
-        if whole.size != rec.size:
-            raise StoreCorruptError(f"{where} changed size while being mapped; {REBUILD_HINT}")
-        base = int(whole.address)
-
-        def span(buf: pa.Buffer | None, nbytes: int) -> int:
-            if buf is None or nbytes == 0:
-                return 0
-            start = int(buf.address) - base
-            if not 0 <= start <= start + nbytes <= rec.size:
-                raise StoreCorruptError(f"{where}: an Arrow buffer lies outside the file; {REBUILD_HINT}")
-            return start
-
-        item = self._dtype.itemsize
-        values_at = span(col.values.buffers()[1], len(col.values) * item)
-        offsets_buf = col.buffers()[1]
-        offsets_bytes = 0 if offsets_buf is None else (len(col) + 1) * 8
-        offsets_at = span(offsets_buf, offsets_bytes)
-        try:
-            crcs = np.frombuffer(bytes.fromhex(rec.block_crc32 or ""), dtype=">u4").astype(np.uint32)
-        except ValueError:
-            raise StoreCorruptError(
-                f"{where}: its block_crc32 in {META_FILE} is not hexadecimal; {REBUILD_HINT}"
-            ) from None
-        blocks = _Blocks(np.frombuffer(whole, dtype=np.uint8), values_at, item, self._block_bytes, crcs)
-        if offsets_bytes:
-            first, last = offsets_at // blocks.block, (offsets_at + offsets_bytes - 1) // blocks.block
+    def _check_all_offsets(self, f: int, blocks: _Blocks, offsets: np.ndarray) -> None:
+        """Verify every block holding file ``f``'s offsets, then its end offsets (before any whole-file use)."""
+        rec = self._records[f]
+        nbytes = len(offsets) * _OFFSET_BYTES
+        if nbytes:
+            first = blocks.offsets_at // blocks.block
+            last = (blocks.offsets_at + nbytes - 1) // blocks.block
             self._verify_blocks(rec, blocks, np.arange(first, last + 1))
-        return blocks
+        if int(offsets[0]) != 0 or int(offsets[-1]) != rec.num_tokens:
+            raise StoreCorruptError(
+                f"{self._where(rec.name)}: document offsets do not match the {rec.num_tokens} tokens recorded; "
+                f"{REBUILD_HINT}"
+            )
+        blocks.offsets_done = True
+
+    def document_bounds(self, file: int, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(start, length)`` (file-local tokens, int64) of file-local documents ``docs`` of ``file``.
+
+        Reads only the offsets entries ``docs`` and ``docs + 1``, after the
+        blocks holding them passed their CRC (format 2), so a batch's first
+        read of a file checks a few small blocks, not the file's whole
+        offsets region. A bound outside the file's tokens is refused as
+        corrupt (an edited ``meta.json`` layout cannot yield wrong tokens).
+
+        >>> store.document_bounds(0, np.array([3, 0]))      # doctest: +SKIP
+        (array([9, 0]), array([4, 3]))
+        """
+        self._require_open()
+        f = operator.index(file)
+        if not 0 <= f < len(self._records):
+            raise IndexError(f"file {file} out of range for a store of {len(self._records)} files")
+        rec = self._records[f]
+        local = np.asarray(docs, dtype=np.int64).reshape(-1)
+        if local.size and (int(local.min()) < 0 or int(local.max()) >= rec.num_documents):
+            raise IndexError(f"document out of range for file {f} of {rec.num_documents} documents")
+        offsets = self._map(f)[1]
+        blocks = self._blocks[f]
+        if blocks is not None and not blocks.offsets_done and local.size:
+            at = blocks.offsets_at + local * _OFFSET_BYTES
+            lo = at // blocks.block
+            hi = (at + 2 * _OFFSET_BYTES - 1) // blocks.block
+            wanted = lo if np.array_equal(lo, hi) else np.concatenate((lo, hi))
+            todo = wanted[~blocks.verified[wanted]]
+            if todo.size:
+                self._verify_blocks(rec, blocks, np.unique(todo))
+        starts = offsets[local]
+        stops = offsets[local + 1]
+        if local.size and not bool(((starts >= 0) & (starts <= stops) & (stops <= rec.num_tokens)).all()):
+            raise StoreCorruptError(
+                f"{self._where(rec.name)}: document offsets out of order or past its {rec.num_tokens} tokens; "
+                f"{REBUILD_HINT}"
+            )
+        return starts.astype(np.int64, copy=False), stops - starts
 
     def _verify_blocks(self, rec: FileRecord, blocks: _Blocks, todo: np.ndarray) -> None:
         """CRC the given blocks of the mapping (once each per store object); refuse the first that changed."""
@@ -642,12 +842,13 @@ class TokenStore:
         parses; format name and version are known (StoreVersionError for a
         newer or unknown version); every token file exists and has the
         recorded size (StoreCorruptError naming the file otherwise). A file is
-        memory-mapped on first use, when its quick signature (first and last
-        64 KiB), Arrow footer, schema, document count and last offset are
-        checked against the record before any of its tokens is returned, with
-        the CRC-32 of the blocks holding its offsets (format 2); each other
-        block is checked on its first read. A file changed since the build is
-        refused then, with the same error type.
+        memory-mapped on first use: a format-2 file with a recorded buffer
+        layout at the recorded offsets (bounds, lengths and alignment
+        checked), any other after its quick signature (first and last 64 KiB),
+        Arrow footer, schema, document count and last offset are checked
+        against the record. Every format-2 block, of offsets or of tokens, is
+        CRC'd before its first use. A file changed since the build is refused
+        then, with the same error type.
         """
         root = Path(path)
         if not root.exists():
@@ -867,10 +1068,15 @@ class TokenStore:
         starts = self._file_doc_starts
         f = 0 if len(starts) == 2 else bisect.bisect_right(starts, i) - 1
         local = i - starts[f]
-        values, off = self._part(f)
-        a, b = int(off[local]), int(off[local + 1])
-        self._check_span(f, a, b)
-        return values[a:b]
+        values, off = self._map(f)
+        blocks = self._blocks[f]
+        if blocks is not None and not blocks.offsets_done:
+            a, n = self.document_bounds(f, np.array([local]))
+            a0, b0 = int(a[0]), int(a[0] + n[0])
+        else:
+            a0, b0 = int(off[local]), int(off[local + 1])
+        self._check_span(f, a0, b0)
+        return values[a0:b0]
 
     def tokens_for(self, doc_index: int, start: int | None = None, stop: int | None = None) -> np.ndarray:
         """Tokens ``[start:stop]`` of one document (slice semantics), a zero-copy view."""
@@ -896,7 +1102,7 @@ class TokenStore:
         f1 = bisect.bisect_right(fts, stop - 1) - 1
         parts = []
         for f in range(f0, f1 + 1):
-            values = self._part(f)[0]
+            values = self._map(f)[0]
             a = max(start - fts[f], 0)
             b = min(stop - fts[f], len(values))
             self._check_span(f, a, b)
@@ -957,11 +1163,14 @@ class TokenStore:
         store, the file, the block and its bytes, and the fix.
 
         Why blocks of the file's bytes (not of the token values): one scheme
-        covers values, offsets and Arrow metadata alike, the build computes
-        it in the same read as the file's sha256, and 1 MiB costs ~0.25 ms
-        to CRC (zlib, ~4 GB/s) while adding 8 hex digits to ``meta.json``.
-        The offsets' blocks are checked when the file is mapped, since every
-        document boundary comes from them. Format-1 files have no block
+        covers values, offsets and Arrow metadata alike, and the build
+        computes it in the same read as the file's sha256. Why 64 KiB: a
+        fresh resume's first batch reads ~40 documents in ~40 different
+        blocks of values and ~40 of offsets; at 1 MiB (~0.25 ms of CRC each)
+        that was most of its cost, at 64 KiB it is ~16 us each, for 8 hex
+        digits of ``meta.json`` per 64 KiB (~170 KB for a 1.3 GB store,
+        parsed per file at its first map). A document's offsets are checked
+        per entry by :meth:`document_bounds`. Format-1 files have no block
         checksums: for them this only maps the file (quick signature).
 
         Thread-safe: concurrent readers may check the same block; each block
@@ -979,7 +1188,7 @@ class TokenStore:
         f = operator.index(file)
         if not 0 <= f < len(self._records):
             raise IndexError(f"file {file} out of range for a store of {len(self._records)} files")
-        self._part(f)
+        self._map(f)
         blocks = self._blocks[f]
         if blocks is None or blocks.complete:
             return
@@ -1025,10 +1234,13 @@ class TokenStore:
         Raises :class:`StoreCorruptError` naming the first problem. The
         fingerprint is recomputed from the file records, dtype, tokenizer and
         options and compared with the recorded one (an edited ``meta.json``
-        is refused); each file is then mapped (size, quick signature, Arrow
-        layout), every block of a format-2 file is CRC'd again whether or not
-        it was read before, and the whole file is hashed against its recorded
-        sha256. Afterwards every block counts as verified, so reads cost no
+        is refused); each file is then mapped, every block of a format-2 file
+        is CRC'd again whether or not it was read before, the whole file is
+        hashed against its recorded sha256, its Arrow footer, schema and
+        document count are checked (with the quick signature) and the
+        recorded buffer layout is compared with the one Arrow reads, and its
+        offsets must start at 0, end at its token count and never decrease.
+        Afterwards every block counts as verified, so reads cost no
         further CRC. Use after copying a store between machines or when a
         silent edit is suspected; :meth:`open` alone only checks sizes.
         """
@@ -1045,7 +1257,7 @@ class TokenStore:
                 f"edited; {REBUILD_HINT}"
             )
         for f, rec in enumerate(self._records):
-            offsets = self._part(f)[1]
+            self._map(f)
             blocks = self._blocks[f]
             if blocks is None:
                 digest = sha256_file(self._path / rec.name)
@@ -1053,6 +1265,7 @@ class TokenStore:
                 with blocks.lock:
                     blocks.verified[:] = False
                     blocks.complete = len(blocks.crcs) == 0
+                    blocks.offsets_done = blocks.complete
                 self._verify_blocks(rec, blocks, np.arange(len(blocks.crcs)))
                 digest = hashlib.sha256(blocks.data.data).hexdigest()
             if digest != rec.sha256:
@@ -1060,6 +1273,14 @@ class TokenStore:
                     f"{self._where(rec.name)} changed since it was built (sha256 {digest[:16]}..., "
                     f"recorded {rec.sha256[:16]}...); {REBUILD_HINT}"
                 )
+            if self._version >= 2 and rec.buffers is not None:
+                layout = self._map_arrow(rec, signature=True)[3]
+                if dict(rec.buffers) != layout:
+                    raise StoreCorruptError(
+                        f"{self._where(rec.name)}: {META_FILE} records its buffers at {dict(rec.buffers)}, but the "
+                        f"Arrow file holds them at {layout}; {META_FILE} was edited; {REBUILD_HINT}"
+                    )
+            offsets = self._part(f)[1]
             if len(offsets) > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
                 raise StoreCorruptError(
                     f"{self._where(rec.name)} has decreasing document offsets; {REBUILD_HINT}"

@@ -1,10 +1,12 @@
 """The lazy path: constructing a dataset reads no token file, a batch reads only the files it touches, and every
 token copied into a batch was handed to ``TokenStore.check_blocks`` first.
 
-Counted, not timed: ``TokenStore._map_file`` (a file mapped and its Arrow
-layout checked) and ``impl.store.quick_signature`` (a file signed) are
-wrapped to record their calls on a store of many files; ``check_blocks`` is
-replaced on the store instance by a recorder.
+Counted, not timed: ``TokenStore._map_file`` (a file mapped),
+``impl.store.quick_signature`` (a file signed) and ``impl.store._open_arrow``
+(an Arrow footer parsed) are wrapped to record their calls on a store of many
+files; ``check_blocks`` is replaced on the store instance by a recorder. A
+format-2 store maps a file from its recorded buffer layout: neither signed
+nor parsed by Arrow on the read path.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ def store_dir():
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Record which files get mapped and how many get signed."""
-    seen: dict[str, list] = {"mapped": [], "signed": []}
-    real_map, real_sign = TokenStore._map_file, store_module.quick_signature
+    """Record which files get mapped, signed and parsed by Arrow."""
+    seen: dict[str, list] = {"mapped": [], "signed": [], "parsed": []}
+    real_map, real_sign, real_open = TokenStore._map_file, store_module.quick_signature, store_module._open_arrow
 
     def map_file(self, rec):
         seen["mapped"].append(rec.name)
@@ -55,7 +57,12 @@ def counted(monkeypatch):
         return real_sign(path, size)
 
     monkeypatch.setattr(TokenStore, "_map_file", map_file)
+    def open_arrow(path):
+        seen["parsed"].append(Path(path).name)
+        return real_open(path)
+
     monkeypatch.setattr(store_module, "quick_signature", sign)
+    monkeypatch.setattr(store_module, "_open_arrow", open_arrow)
     return seen
 
 
@@ -83,19 +90,20 @@ def test_constructing_a_dataset_maps_and_signs_no_token_file(store_dir, counted,
 @pytest.mark.clause("PACK-20", "RES-1")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shuffle", ["none", "global"])
-def test_a_batch_maps_and_signs_only_the_files_its_documents_sit_in(store_dir, counted, tmp_path, mode, shuffle):
+def test_a_batch_maps_only_the_files_its_documents_sit_in_without_signing_or_parsing_them(
+        store_dir, counted, tmp_path, mode, shuffle):
     ds = PackedDataset(TokenStore.open(store_dir), seq_len=8, packing=mode, shuffle=shuffle, cache_dir=tmp_path)
     ds.plan(0)                                    # computing a plan reads every length: done once, then cached
     for start in (0, len(ds) // 2, len(ds) - 2):
         fresh = PackedDataset(TokenStore.open(store_dir), seq_len=8, packing=mode, shuffle=shuffle, cache_dir=tmp_path)
-        counted["mapped"].clear()
-        counted["signed"].clear()
+        for seen in counted.values():
+            seen.clear()
         batch = fresh.samples(0, [start, start + 1])
         touched = files_of(fresh.store, batch["doc_ids"])
-        assert_equal(sorted(set(counted["mapped"])), sorted(touched), clause="PACK-20",
-                     what=f"{mode}/{shuffle} samples {start}, {start + 1}: files mapped")
-        assert_equal(sorted(counted["signed"]), sorted(touched), clause="PACK-20",
-                     what=f"{mode}/{shuffle} samples {start}, {start + 1}: files signed, once each")
+        assert_equal(sorted(counted["mapped"]), sorted(touched), clause="PACK-20",
+                     what=f"{mode}/{shuffle} samples {start}, {start + 1}: files mapped, once each")
+        assert_equal((counted["signed"], counted["parsed"]), ([], []), clause="PACK-20",
+                     what=f"{mode}/{shuffle} samples {start}, {start + 1}: files signed/parsed by Arrow")
         check(len(touched) < FILES, clause="PACK-20", what=f"two samples touch {len(touched)} of {FILES} files")
 
 

@@ -496,30 +496,18 @@ def test_open_reads_metadata_only_and_no_token_file(big_store_dir, monkeypatch):
     assert store.num_files >= 1
 
 
-def test_first_read_of_a_file_checks_its_quick_signature_once_and_reads_two_64_kib_windows(big_store_dir, monkeypatch):
-    read_bytes = []
-    real_pread = os.pread
+def test_first_read_of_a_format_2_file_maps_its_recorded_buffers_without_signature_arrow_parse_or_full_hash(
+        big_store_dir, monkeypatch):
+    def refuse(what):
+        return lambda *args, **kwargs: pytest.fail(f"the first read called {what}")
 
-    def counting_pread(fd, n, offset):
-        data = real_pread(fd, n, offset)
-        read_bytes.append(len(data))
-        return data
-
-    signed = []
-    real_signature = store_module.quick_signature
-
-    def counting_signature(path, size=None):
-        signed.append(os.fspath(path))
-        return real_signature(path, size)
-
-    monkeypatch.setattr(os, "pread", counting_pread)
-    monkeypatch.setattr(store_module, "quick_signature", counting_signature)
-    monkeypatch.setattr(store_module, "sha256_file", lambda path: pytest.fail(f"read hashed the whole of {path}"))
+    expected = [TokenStore.open(big_store_dir)[d].tolist() for d in (0, 1, 57)]
+    monkeypatch.setattr(store_module, "quick_signature", refuse("quick_signature"))
+    monkeypatch.setattr(store_module, "_open_arrow", refuse("the Arrow footer parse"))
+    monkeypatch.setattr(store_module, "sha256_file", refuse("sha256_file"))
     store = TokenStore.open(big_store_dir)
-    size = store.meta["files"][0]["size"]
-    assert store[0].size > 0 and store[1].size > 0
-    assert len(signed) == 1 and signed[0].endswith(store.meta["files"][0]["name"])
-    assert 0 < sum(read_bytes) <= 2 * QUICK_SIGNATURE_BYTES < size / 4
+    assert [store[d].tolist() for d in (0, 1, 57)] == expected
+    assert store[0].size > 0 and store.format_version == 2
 
 
 def test_a_mid_file_edit_passes_open_but_fails_verify(big_store_copy):

@@ -188,11 +188,16 @@ def test_changed_document_offsets_are_refused_before_any_boundary_is_used(tmp_pa
     at = offsets_at + 8 * 10_000 + 1  # document 10,000's offset: past the first 64 KiB, before the values
     assert QUICK_SIGNATURE_BYTES < at < values_at and at < size - QUICK_SIGNATURE_BYTES
     _flip(path, at)
+    clean = TokenStore.open(out)
+    first = clean[0].tolist()
     store = TokenStore.open(out)
     with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
         _ = store.lengths
     with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
-        store[0]  # refused again: a file whose offsets failed is never left mapped
+        store[10_000]  # refused again: the failed block never counts as verified
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        TokenStore.open(out).document_bounds(0, np.array([3, 10_000]))
+    assert store[0].tolist() == first  # its offsets lie in another block, which passed
 
 
 # --------------------------------------------------------------------------- once per block, per store object
@@ -366,7 +371,7 @@ def _as_format_1(path: Path) -> None:
     """Rewrite a store's meta.json exactly as format 1 recorded it: no block checksums, version 1 in the fingerprint."""
     meta = json.loads((path / "meta.json").read_text())
     for record in meta["files"]:
-        del record["block_crc32"]
+        del record["block_crc32"], record["buffers"]
     del meta["layout"]["block_bytes"], meta["layout"]["block_checksum"]
     meta["format_version"] = 1
     meta["fingerprint"] = store_module._content_fingerprint(
@@ -396,3 +401,86 @@ def test_a_format_1_store_with_a_changed_middle_byte_is_refused_by_verify(four):
     _flip(path, at)
     with pytest.raises(StoreCorruptError, match=r"tokens-00002.arrow changed since it was built \(sha256"):
         TokenStore.open(four, verify=True)
+
+
+# --------------------------------------------------------------------------- recorded buffer layout, lazy offsets
+
+
+def _edit_records(path: Path, edit) -> None:
+    meta = json.loads((path / "meta.json").read_text())
+    for record in meta["files"]:
+        edit(record)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_the_recorded_buffer_layout_is_where_pyarrow_finds_the_offsets_and_values(four):
+    store = TokenStore.open(four)
+    for f, record in enumerate(store.meta["files"]):
+        values_at, offsets_at, _ = _layout(four / record["name"])
+        assert record["buffers"] == {
+            "offsets": [offsets_at, (record["num_documents"] + 1) * 8],
+            "values": [values_at, record["num_tokens"] * store.dtype.itemsize],
+        }, f"file {f}"
+
+
+def test_a_batch_checks_only_the_offsets_blocks_of_its_documents_and_refuses_a_changed_one(tmp_path, monkeypatch):
+    from impl.fill import TokenSource
+
+    out = _build(tmp_path / "store", _documents(3, 1, 12_000, 2, 30))
+    path = out / "tokens-00000.arrow"
+    _, offsets_at, _ = _layout(path)
+    expected = TokenStore.open(out)
+    counting = _CountingZlib()
+    monkeypatch.setattr(store_module, "zlib", counting)
+    source = TokenSource.from_store(TokenStore.open(out))
+    _, lo, length = source.locate(np.array([5, 9_000]))
+    offsets_blocks = -(-12_001 * 8 // SMALL_BLOCK)
+    assert counting.calls <= 4 < offsets_blocks  # two documents' entries, not the file's 24 offsets blocks
+    assert lo.tolist() == [int(expected.doc_offsets[d]) for d in (5, 9_000)]
+    assert length.tolist() == [len(expected[d]) for d in (5, 9_000)]
+    at = offsets_at + 8 * 9_001 + 2  # the end of document 9,000: a byte the locate above used
+    _flip(path, at)
+    fresh = TokenSource.from_store(TokenStore.open(out))
+    assert fresh.locate(np.array([5]))[2].tolist() == [len(expected[5])]
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        fresh.locate(np.array([9_000]))
+
+
+def test_verify_refuses_a_recorded_buffer_layout_that_is_not_the_arrow_files(four):
+    def shift(record):
+        record["buffers"]["values"][0] += 8  # still inside the file, so only the Arrow comparison can tell
+
+    _edit_records(four, shift)
+    with pytest.raises(StoreCorruptError, match=r"records its buffers at .* but the Arrow file holds them at"):
+        TokenStore.open(four, verify=True)
+
+
+@pytest.mark.parametrize("edit", [
+    pytest.param(lambda r: r["buffers"]["values"].__setitem__(0, r["size"] - 2), id="values-past-the-end"),
+    pytest.param(lambda r: r["buffers"]["offsets"].__setitem__(1, 8), id="offsets-too-short"),
+    pytest.param(lambda r: r["buffers"].__setitem__("offsets", "0"), id="offsets-not-a-pair"),
+    pytest.param(lambda r: r["buffers"]["offsets"].__setitem__(0, -8), id="offsets-before-the-start"),
+])
+def test_a_recorded_buffer_outside_the_file_or_of_the_wrong_length_is_refused_as_corrupt_before_any_read(four, edit):
+    _edit_records(four, edit)
+    store = TokenStore.open(four)
+    with pytest.raises(StoreCorruptError, match=r"tokens-00000.arrow: meta.json records its \w+ buffer at .*rebuild"):
+        store[0]
+
+
+def test_a_format_2_store_without_recorded_buffers_reads_through_arrow_after_its_quick_signature(four, monkeypatch):
+    expected = [d.tolist() for d in TokenStore.open(four)]
+    _edit_records(four, lambda r: r.pop("buffers"))
+    signed = []
+    real = store_module.quick_signature
+
+    def sign(path, size=None):
+        signed.append(Path(path).name)
+        return real(path, size)
+
+    monkeypatch.setattr(store_module, "quick_signature", sign)
+    store = TokenStore.open(four)
+    assert store[len(store) - 1].tolist() == expected[-1]
+    assert signed == ["tokens-00003.arrow"]
+    assert [d.tolist() for d in store] == expected
+    store.verify()

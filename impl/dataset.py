@@ -59,7 +59,6 @@ import hashlib
 import io
 import json
 import mmap
-import operator
 import os
 import warnings
 import zlib
@@ -76,7 +75,7 @@ from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptE
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, pack_plan
-from impl.partition import SampleKey, padding_rows
+from impl.partition import SampleKey, padding_rows, resolve_key
 from impl.splits import SplitStore, split_pipeline
 from impl.store import META_FILE, TokenStore
 from reference.ordering import Kind, OrderingConfig
@@ -565,30 +564,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         return self._source
 
     def _resolve(self, key: Any) -> tuple[int, int]:
-        if isinstance(key, tuple):
-            require(len(key) == 2, ConfigError, f"key={key!r} must be SampleKey(epoch, index) or an int index")
-            epoch, index = key
-            require(is_integer(epoch) and epoch >= 0, ConfigError, f"key epoch={epoch!r} must be an integer >= 0")
-            require(is_integer(index), ConfigError, f"key index={index!r} must be an integer (-1 for padding)")
-            epoch, index = int(epoch), int(index)
-            if index != PADDING:
-                total = self.num_samples(epoch)
-                if not 0 <= index < total:
-                    raise IndexError(f"SampleKey({epoch}, {index}): epoch {epoch} has {total} samples "
-                                     f"(indices 0..{total - 1}; -1 is the padding sample)")
-            return epoch, index
-        if isinstance(key, (bool, np.bool_)):
-            raise TypeError(f"index {key!r} is a bool; pass an int or a SampleKey(epoch, index)")
-        try:
-            index = operator.index(key)
-        except TypeError:
-            raise TypeError(f"index must be an int or a SampleKey(epoch, index), not {type(key).__name__}") from None
-        total = self.num_samples(self.epoch)
-        if index < 0:
-            index += total
-        if not 0 <= index < total:
-            raise IndexError(f"index {key} out of range: epoch {self.epoch} has {total} samples")
-        return self.epoch, index
+        return resolve_key(key, self.epoch, self.num_samples)
 
     def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         """Sample ``index`` of epoch ``epoch`` (``-1``: the padding sample) as numpy arrays, keys as ``__getitem__``."""

@@ -35,6 +35,13 @@ from reference.partition import PartitionConfig
 LOG = "[demo]"
 
 
+def check_world_sizes(global_batch: int, *worlds: int) -> None:
+    """A demo's global batch must split evenly over each phase's ranks (both demos resume on another world)."""
+    for world in worlds:
+        if global_batch % world:
+            raise ValueError(f"global_batch={global_batch} must divide by world size {world}")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DemoConfig:
     """Sizes chosen so the whole job finishes in a few minutes on 2 CPU cores."""
@@ -55,9 +62,7 @@ class DemoConfig:
     join_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for world in (self.first_world, self.second_world):
-            if self.global_batch % world:
-                raise ValueError(f"global_batch={self.global_batch} must divide by world size {world}")
+        check_world_sizes(self.global_batch, self.first_world, self.second_world)
 
     def dataset_kwargs(self) -> dict[str, Any]:
         return dict(seq_len=self.seq_len, packing=self.packing, shuffle=self.shuffle, seed=self.seed)

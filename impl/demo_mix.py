@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from impl._atomic import atomic_write_json
-from impl.demo import TinyLM, _chain, _save_checkpoint
+from impl.demo import TinyLM, _chain, _save_checkpoint, check_world_sizes
 from impl.partition import trained_end
 from impl.resume import audit_coverage
 from reference.partition import PartitionConfig
@@ -61,9 +61,7 @@ class MixDemoConfig:
     join_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for world in (self.first_world, self.second_world):
-            if self.global_batch % world:
-                raise ValueError(f"global_batch={self.global_batch} must divide by world size {world}")
+        check_world_sizes(self.global_batch, self.first_world, self.second_world)
 
 
 NAMES = ("web", "code")

@@ -41,7 +41,6 @@ import dataclasses
 import hashlib
 import math
 import numbers
-import operator
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -54,7 +53,7 @@ from impl import rng
 from impl.collation import batch_cu_seqlens
 from impl.dataset import SampleKey
 from impl.errors import ConfigError, is_integer, require
-from impl.partition import padding_rows
+from impl.partition import padding_rows, resolve_key
 from reference.mixing import BATCHING_METHODS, STOPPING_STRATEGIES, MixConfig, StreamConfig, WeightFn
 from reference.partition import PADDING
 from reference.resume import MixtureConfig, canonical_json, mixture_fingerprint
@@ -519,27 +518,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
     # ------------------------------------------------------------ samples
 
     def _resolve(self, key: Any) -> tuple[int, int]:
-        if isinstance(key, tuple):
-            require(len(key) == 2, ConfigError, f"key={key!r} must be SampleKey(epoch, index) or an int index")
-            epoch, index = key
-            require(is_integer(epoch) and epoch >= 0, ConfigError, f"key epoch={epoch!r} must be an integer >= 0")
-            require(is_integer(index), ConfigError, f"key index={index!r} must be an integer (-1 for padding)")
-            epoch, index = int(epoch), int(index)
-            if index != PADDING:
-                total = self.num_samples(epoch)
-                if not 0 <= index < total:
-                    raise IndexError(f"SampleKey({epoch}, {index}): epoch {epoch} of the mixture has {total} samples "
-                                     f"(indices 0..{total - 1}; -1 is the padding sample)")
-            return epoch, index
-        if isinstance(key, (bool, np.bool_)):
-            raise TypeError(f"index {key!r} is a bool; pass an int or a SampleKey(epoch, index)")
-        index = operator.index(key)
-        total = self.num_samples(self.epoch)
-        if index < 0:
-            index += total
-        if not 0 <= index < total:
-            raise IndexError(f"index {key} out of range: epoch {self.epoch} of the mixture has {total} samples")
-        return self.epoch, index
+        return resolve_key(key, self.epoch, self.num_samples, " of the mixture")
 
     def _fetch(self, s: int, epoch: int, indices: np.ndarray) -> dict[str, np.ndarray]:
         src = self.sources[s]

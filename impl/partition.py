@@ -36,17 +36,18 @@ Worked example (S = 10 samples, 2 ranks, B = 2, so G = 4)::
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from impl.errors import ConfigError, StateError, TopologyError, is_int, require
+from impl.errors import ConfigError, StateError, TopologyError, is_int, is_integer, require
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, PackingConfig
 from reference.partition import END_POLICIES, PADDING, PartitionConfig
 
 __all__ = ["PADDING_FIELDS", "ElasticSampler", "SampleKey", "advance", "distributed_topology", "group_batch",
-           "padding_rows", "resolve_end", "steps_in_epoch", "trained_end"]
+           "padding_rows", "resolve_end", "resolve_key", "steps_in_epoch", "trained_end"]
 
 
 class SampleKey(NamedTuple):
@@ -166,6 +167,43 @@ def group_batch(consumed: int, num_samples: int, config: PartitionConfig, group:
         return []
     first = consumed + group * share
     return list(range(first, first + share))
+
+
+def resolve_key(key: Any, epoch: int, num_samples: Callable[[int], int], what: str = "") -> tuple[int, int]:
+    """``(epoch, index)`` of a dataset key: a ``SampleKey(epoch, index)`` or an int index into ``epoch``.
+
+    One rule for every dataset that takes keys (``PackedDataset``,
+    ``MixedDataset``): a key's index is in ``[0, num_samples(epoch))`` or
+    ``PADDING``; an int counts from the end when negative, like a list.
+    ``what`` names the dataset in errors (e.g. ``" of the mixture"``).
+
+    >>> resolve_key(SampleKey(1, 3), 0, lambda e: 10), resolve_key(-1, 2, lambda e: 10)
+    ((1, 3), (2, 9))
+    """
+    if isinstance(key, tuple):
+        require(len(key) == 2, ConfigError, f"key={key!r} must be SampleKey(epoch, index) or an int index")
+        key_epoch, index = key
+        require(is_integer(key_epoch) and key_epoch >= 0, ConfigError, f"key epoch={key_epoch!r} must be an integer >= 0")
+        require(is_integer(index), ConfigError, f"key index={index!r} must be an integer (-1 for padding)")
+        key_epoch, index = int(key_epoch), int(index)
+        if index != PADDING:
+            total = num_samples(key_epoch)
+            if not 0 <= index < total:
+                raise IndexError(f"SampleKey({key_epoch}, {index}): epoch {key_epoch}{what} has {total} samples "
+                                 f"(indices 0..{total - 1}; -1 is the padding sample)")
+        return key_epoch, index
+    if isinstance(key, (bool, np.bool_)):
+        raise TypeError(f"index {key!r} is a bool; pass an int or a SampleKey(epoch, index)")
+    try:
+        index = operator.index(key)
+    except TypeError:
+        raise TypeError(f"index must be an int or a SampleKey(epoch, index), not {type(key).__name__}") from None
+    total = num_samples(epoch)
+    if index < 0:
+        index += total
+    if not 0 <= index < total:
+        raise IndexError(f"index {key} out of range: epoch {epoch}{what} has {total} samples")
+    return epoch, index
 
 
 def _check_position(consumed: int, num_samples: int) -> None:

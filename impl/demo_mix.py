@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from impl._atomic import atomic_write_json
+from impl.collation import collate
 from impl.demo import TinyLM, _chain, _save_checkpoint, check_world_sizes
 from impl.partition import trained_end
 from impl.resume import audit_coverage
@@ -167,7 +169,7 @@ def _validation_loss(workdir: Path, cfg: MixDemoConfig) -> dict[str, float]:
     for name, ds in zip(NAMES, _sources(workdir, cfg, cfg.validation_split)):
         model = TinyLM(ds.store.base.vocab_size, cfg.dim)
         model.load_state_dict(st.load_file(str(workdir / "final" / "model.safetensors")))
-        batch = ds.__getitems__(list(range(min(ds.num_samples(0), 32))))
+        batch = collate(ds.__getitems__(list(range(min(ds.num_samples(0), 32)))))
         with torch.no_grad():
             logits = model(batch["input_ids"])
             out[name] = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
@@ -240,5 +242,15 @@ def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
     return report
 
 
+def main(argv: list[str] | None = None) -> None:
+    """``python -m impl.demo_mix [workdir]``: without a workdir, the run lives in a temporary directory."""
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        run(Path(args[0]))
+        return
+    with tempfile.TemporaryDirectory(prefix="loadspec-demo-mix-") as tmp:
+        run(Path(tmp))
+
+
 if __name__ == "__main__":
-    run(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("demo-mix-run"))
+    main()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import machine
+from benchmarks import harness, machine
 from benchmarks.corpora import Corpus, describe, size_from_env, store_dir_name
 from benchmarks.peers import PEER_DISTS, version
 
@@ -71,6 +71,18 @@ def corpus(size: str) -> Corpus:
 def smoke(request) -> bool:
     """``--benchmark-disable``: each benchmark runs once (make test); keep expensive extras off."""
     return bool(request.config.getoption("benchmark_disable", default=False))
+
+
+@pytest.fixture(scope="module")
+def impl_datasets(corpus: Corpus):
+    """``get(shuffle)``: impl's ``PackedDataset`` over the corpus for that shuffle, built once per module."""
+    cache: dict = {}
+
+    def get(shuffle: str):
+        if shuffle not in cache:
+            cache[shuffle] = harness.impl_dataset(corpus, shuffle=shuffle)
+        return cache[shuffle]
+    return get
 
 
 @pytest.fixture(scope="session")

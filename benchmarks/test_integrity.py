@@ -73,24 +73,13 @@ def _groups(runs: list[list[tuple[int, int, int]]]) -> list[tuple[int, np.ndarra
 
 
 @pytest.fixture(scope="module")
-def datasets(corpus):
-    cache: dict = {}
-
-    def get(shuffle: str):
-        if shuffle not in cache:
-            cache[shuffle] = harness.impl_dataset(corpus, shuffle=shuffle)
-        return cache[shuffle]
-    return get
-
-
-@pytest.fixture(scope="module")
-def batch_groups(datasets, size):
+def batch_groups(impl_datasets, size):
     """Per shuffle: the check_blocks calls of the batches a round iterates (after the untimed first batch)."""
     cache: dict = {}
 
     def get(shuffle: str):
         if shuffle not in cache:
-            ds = datasets(shuffle)
+            ds = impl_datasets(shuffle)
             n = min(TPUT_TOKENS[size] // (TPUT_BATCH * SEQ_LEN), ds.num_samples(0) // TPUT_BATCH - 1)
             fts = [0, *np.cumsum(ds.store.file_token_counts).tolist()]
             runs = harness.sample_runs(ds, 0, range(TPUT_BATCH, TPUT_BATCH * (n + 1)), fts)
@@ -117,7 +106,7 @@ def _verified(corpus):
 
 
 @pytest.mark.parametrize("w", INTEGRITIES, ids=str)
-def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, datasets, batch_groups, monkeypatch):
+def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, impl_datasets, batch_groups, monkeypatch):
     from impl.store import TokenStore
 
     benchmark.group = "integrity"
@@ -170,7 +159,7 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, data
                     store.check_blocks(f, a, b)
             counted.update(tokens=covered, batches=len(groups))
     else:
-        ds = datasets(w.shuffle)
+        ds = impl_datasets(w.shuffle)
         loader = harness.impl_loader(ds, batch_size=TPUT_BATCH, num_workers=0)
         state0 = harness.impl_state(loader, 0)
         checks = w.mode != "impl"

@@ -38,17 +38,6 @@ def _docs_for(corpus: Corpus, budget: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def impl_datasets(corpus):
-    cache: dict = {}
-
-    def get(shuffle: str):
-        if shuffle not in cache:
-            cache[shuffle] = harness.impl_dataset(corpus, shuffle=shuffle)
-        return cache[shuffle]
-    return get
-
-
-@pytest.fixture(scope="module")
 def raw_batches(corpus, impl_datasets, size):
     """The token runs of the batches impl iterates in a round (after its untimed first batch)."""
     n_batches = max(1, TPUT_TOKENS[size] // (TPUT_BATCH * SEQ_LEN))

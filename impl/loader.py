@@ -260,6 +260,17 @@ class WorkerFailure:
         copy.add_note(f"raised in {where}:\n{''.join(traceback.format_exception(exc)).rstrip()}")
         return cls(copy)
 
+    @classmethod
+    def call(cls, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)``, or a ``WorkerFailure`` in its place when it raises an exception that can travel."""
+        try:
+            return fn(arg)
+        except Exception as exc:
+            failure = cls.capture(exc)
+            if failure is None:
+                raise
+            return failure
+
 
 class _Fetch(Dataset[Any]):
     """The dataset as the DataLoader fetches it: one call per batch of keys.
@@ -281,15 +292,7 @@ class _Fetch(Dataset[Any]):
         return [self.dataset[key] for key in keys]
 
     def __getitems__(self, keys: list[Any]) -> Any:
-        if not self.guarded:
-            return self._fetch(keys)
-        try:
-            return self._fetch(keys)
-        except Exception as exc:
-            failure = WorkerFailure.capture(exc)
-            if failure is None:
-                raise
-            return failure
+        return WorkerFailure.call(self._fetch, keys) if self.guarded else self._fetch(keys)
 
     def __getitem__(self, key: Any) -> Any:
         return self.dataset[key]
@@ -307,13 +310,7 @@ class _GuardedCollate:
     def __call__(self, batch: Any) -> Any:
         if type(batch) is WorkerFailure:
             return batch
-        try:
-            return self.collate_fn(batch)
-        except Exception as exc:
-            failure = WorkerFailure.capture(exc)
-            if failure is None:
-                raise
-            return failure
+        return WorkerFailure.call(self.collate_fn, batch)
 
 
 _WIRE_DTYPES = tuple((np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max))

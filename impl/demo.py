@@ -20,7 +20,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -159,18 +159,24 @@ def _save_checkpoint(ckpt: Path, model: torch.nn.Module, meta: dict[str, Any]) -
     atomic_write_json(ckpt / "meta.json", meta)
 
 
-def _run_phase(phase: int, world: int, workdir: Path, cfg: DemoConfig) -> float:
+def spawn_phase(rank_main: Callable[..., None], phase: int, world: int, workdir: Path, cfg: Any,
+                timeout_s: float) -> float:
+    """Run ``rank_main(rank, world, phase, workdir, asdict(cfg))`` on ``world`` spawned ranks; seconds taken.
+
+    Both demos' phases start this way; a phase that outlives ``timeout_s`` is
+    killed and raises ``TimeoutError``.
+    """
     from torch.multiprocessing.spawn import start_processes
 
     t0 = time.perf_counter()
-    context = start_processes(_rank_main, args=(world, phase, str(workdir), asdict(cfg)), nprocs=world,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + cfg.join_timeout_s
+    context = start_processes(rank_main, args=(world, phase, str(workdir), asdict(cfg)), nprocs=world,
+                              join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
             for p in context.processes:
                 p.kill()
-            raise TimeoutError(f"phase {phase} did not finish within {cfg.join_timeout_s:.0f} s")
+            raise TimeoutError(f"phase {phase} did not finish within {timeout_s:.0f} s")
     return time.perf_counter() - t0
 
 
@@ -203,10 +209,10 @@ def run(workdir: Path, cfg: DemoConfig = DemoConfig()) -> dict[str, Any]:
 
     print(f"{LOG} phase 1: {cfg.first_world} gloo ranks × batch {cfg.global_batch // cfg.first_world}, checkpoint after "
           f"step {cfg.checkpoint_step}, stopped {cfg.steps_after_checkpoint} steps later (that work is lost)")
-    t1 = _run_phase(1, cfg.first_world, workdir, cfg)
+    t1 = spawn_phase(_rank_main, 1, cfg.first_world, workdir, cfg, cfg.join_timeout_s)
     print(f"{LOG} phase 2: resume the checkpoint on {cfg.second_world} gloo ranks × batch "
           f"{cfg.global_batch // cfg.second_world} and finish the epoch")
-    t2 = _run_phase(2, cfg.second_world, workdir, cfg)
+    t2 = spawn_phase(_rank_main, 2, cfg.second_world, workdir, cfg, cfg.join_timeout_s)
 
     first, _ = _read_logs(workdir, 1, cfg.first_world)
     second, resume_ms = _read_logs(workdir, 2, cfg.second_world)

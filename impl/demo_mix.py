@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch
 
 from impl._atomic import atomic_write_json
 from impl.collation import collate
-from impl.demo import TinyLM, _chain, _save_checkpoint, check_world_sizes
+from impl.demo import TinyLM, _chain, _save_checkpoint, check_world_sizes, spawn_phase
 from impl.partition import trained_end
 from impl.resume import audit_coverage
 from reference.partition import PartitionConfig
@@ -141,22 +140,6 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
     dist.destroy_process_group()
 
 
-def _run_phase(phase: int, world: int, workdir: Path, cfg: MixDemoConfig) -> float:
-    import torch.multiprocessing as mp
-
-    t0 = time.perf_counter()
-    context = mp.start_processes(  # type: ignore[attr-defined, no-untyped-call]
-        _rank_main, args=(world, phase, str(workdir), asdict(cfg)), nprocs=world,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + cfg.join_timeout_s
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in context.processes:
-                p.kill()
-            raise TimeoutError(f"phase {phase} did not finish within {cfg.join_timeout_s:.0f} s")
-    return time.perf_counter() - t0
-
-
 def _logs(workdir: Path, phase: int, world: int) -> list[list[dict[str, Any]]]:
     return [[json.loads(x) for x in (workdir / "logs" / f"phase{phase}-rank{r}.jsonl").read_text().splitlines()]
             for r in range(world)]
@@ -200,9 +183,9 @@ def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
           f"mixed {cfg.weights[0]:.0%}/{cfg.weights[1]:.0%} ({cfg.stopping}): {total} samples")
     print(f"{LOG} phase 1: {cfg.first_world} gloo ranks, checkpoint after step {cfg.checkpoint_step}, stopped "
           f"{cfg.steps_after_checkpoint} steps later (that work is lost)")
-    t1 = _run_phase(1, cfg.first_world, workdir, cfg)
+    t1 = spawn_phase(_rank_main, 1, cfg.first_world, workdir, cfg, cfg.join_timeout_s)
     print(f"{LOG} phase 2: resume on {cfg.second_world} gloo ranks and finish the epoch")
-    t2 = _run_phase(2, cfg.second_world, workdir, cfg)
+    t2 = spawn_phase(_rank_main, 2, cfg.second_world, workdir, cfg, cfg.join_timeout_s)
 
     kept = [x for rank in _logs(workdir, 1, cfg.first_world) for x in rank if x["step"] < cfg.checkpoint_step]
     trained = kept + [x for rank in _logs(workdir, 2, cfg.second_world) for x in rank]

@@ -83,9 +83,7 @@ class TinyLM(torch.nn.Module):
 
 
 def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str, Any]) -> None:
-    import safetensors.torch as st
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     from impl.dataset import PackedDataset
     from impl.loader import build_dataloader
@@ -99,6 +97,41 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
     loader = build_dataloader(dataset, batch_size=cfg.global_batch // world, rank=rank, world_size=world,
                               num_workers=cfg.num_workers)
     model = TinyLM(dataset.store.vocab_size, cfg.dim)
+    train_on_rank(loader, model, rank=rank, world=world, phase=phase, work=work, lr=cfg.lr,
+                  checkpoint_step=cfg.checkpoint_step, steps_after_checkpoint=cfg.steps_after_checkpoint,
+                  describe=_describe)
+
+
+def _describe(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    real = batch["doc_ids"] >= 0
+    return {"epoch": int(batch["epoch"][0]), "samples": batch["sample_index"].tolist(),
+            "documents": sorted(set(batch["doc_ids"][real].tolist())), "tokens": int(real.sum())}
+
+
+def train_on_rank(loader: Any, model: torch.nn.Module, *, rank: int, world: int, phase: int, work: Path, lr: float,
+                  checkpoint_step: int, steps_after_checkpoint: int,
+                  describe: Callable[[dict[str, torch.Tensor]], dict[str, Any]]) -> None:
+    """The training loop both demos run on every rank, from a fresh start (phase 1) or the checkpoint (phase 2).
+
+    Phase 1 checkpoints after ``checkpoint_step`` steps (weights as safetensors,
+    the loader state as JSON) and stops ``steps_after_checkpoint`` steps later;
+    phase 2 loads the checkpoint, times ``load_state_dict`` → first batch, and
+    finishes the epoch. Each step appends ``{"step", **describe(batch), "loss"}``
+    to ``work/logs/phase{phase}-rank{rank}.jsonl``.
+
+    The process group is torn down while the interpreter is fully alive: every
+    rank passes a barrier, the DDP wrapper (whose reducer holds the group) is
+    collected, then the group is destroyed. Left to interpreter exit, gloo's
+    threads could be destroyed mid-teardown and abort the rank with
+    "terminate called without an active exception" (a rare CI failure of the
+    demo before this).
+    """
+    import gc
+
+    import safetensors.torch as st
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
     ckpt = work / "checkpoint"
     start_step, resume_ms = 0, None
     if phase == 2:
@@ -114,10 +147,9 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
     else:
         batches = iter(loader)
     ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
-    log_path = work / "logs" / f"phase{phase}-rank{rank}.jsonl"
-    stop_at = cfg.checkpoint_step + cfg.steps_after_checkpoint if phase == 1 else None
-    with log_path.open("w") as log:
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
+    stop_at = checkpoint_step + steps_after_checkpoint if phase == 1 else None
+    with (work / "logs" / f"phase{phase}-rank{rank}.jsonl").open("w") as log:
         if resume_ms is not None:
             log.write(json.dumps({"resume_ms": resume_ms}) + "\n")
         for step, batch in enumerate(batches, start=start_step):
@@ -130,17 +162,16 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
             optimizer.step()
             reduced = loss.detach().clone()
             dist.all_reduce(reduced)
-            real = batch["doc_ids"] >= 0
-            log.write(json.dumps({"step": step, "epoch": int(batch["epoch"][0]),
-                                  "samples": batch["sample_index"].tolist(),
-                                  "documents": sorted(set(batch["doc_ids"][real].tolist())),
-                                  "tokens": int(real.sum()), "loss": float(reduced) / world}) + "\n")
+            log.write(json.dumps({"step": step, **describe(batch), "loss": float(reduced) / world}) + "\n")
             log.flush()
-            if phase == 1 and step + 1 == cfg.checkpoint_step:
+            if phase == 1 and step + 1 == checkpoint_step:
                 dist.barrier()
                 if rank == 0:
                     _save_checkpoint(ckpt, model, {"step": step + 1, "loader": loader.state_dict()})
                 dist.barrier()
+    dist.barrier()
+    del ddp, optimizer, batches
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -32,7 +32,7 @@ import torch
 
 from impl._atomic import atomic_write_json
 from impl.collation import collate
-from impl.demo import TinyLM, _chain, _save_checkpoint, check_world_sizes, spawn_phase
+from impl.demo import TinyLM, _read_logs, _save_checkpoint, check_world_sizes, spawn_phase, train_on_rank
 from impl.partition import trained_end
 from impl.resume import audit_coverage
 from reference.partition import PartitionConfig
@@ -84,9 +84,7 @@ def mixture(work: Path, cfg: MixDemoConfig) -> Any:
 
 
 def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str, Any]) -> None:
-    import safetensors.torch as st
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     from impl.loader import build_dataloader
 
@@ -99,50 +97,16 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
     dataset = mixture(work, cfg)
     loader = build_dataloader(dataset, batch_size=cfg.global_batch // world, rank=rank, world_size=world)
     model = TinyLM(dataset.sources[0].store.base.vocab_size, cfg.dim)
-    ckpt = work / "checkpoint"
-    start_step = 0
-    batches: Any
-    if phase == 2:
-        model.load_state_dict(st.load_file(str(ckpt / "model.safetensors")))
-        meta = json.loads((ckpt / "meta.json").read_text())
-        start_step = meta["step"]
-        loader.load_state_dict(meta["loader"])
-        iterator = iter(loader)
-        batches = _chain(next(iterator), iterator)
-    else:
-        batches = iter(loader)
-    ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
-    stop_at = cfg.checkpoint_step + cfg.steps_after_checkpoint if phase == 1 else None
-    with (work / "logs" / f"phase{phase}-rank{rank}.jsonl").open("w") as log:
-        for step, batch in enumerate(batches, start=start_step):
-            if stop_at is not None and step >= stop_at:
-                break
-            logits = ddp(batch["input_ids"])
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            reduced = loss.detach().clone()
-            dist.all_reduce(reduced)
-            real = (batch["doc_ids"] >= 0).sum(dim=1)
-            log.write(json.dumps({"step": step, "samples": batch["sample_index"].tolist(),
-                                  "source": batch["source"].tolist(), "source_index": batch["source_index"].tolist(),
-                                  "tokens": real.tolist(), "loss": float(reduced) / world}) + "\n")
-            log.flush()
-            if phase == 1 and step + 1 == cfg.checkpoint_step:
-                dist.barrier()
-                if rank == 0:
-                    _save_checkpoint(ckpt, model, {"step": step + 1, "loader": loader.state_dict()})
-                dist.barrier()
+    train_on_rank(loader, model, rank=rank, world=world, phase=phase, work=work, lr=cfg.lr,
+                  checkpoint_step=cfg.checkpoint_step, steps_after_checkpoint=cfg.steps_after_checkpoint,
+                  describe=_describe)
     if phase == 2 and rank == 0:
         _save_checkpoint(work / "final", model, {"step": -1})
-    dist.destroy_process_group()
 
 
-def _logs(workdir: Path, phase: int, world: int) -> list[list[dict[str, Any]]]:
-    return [[json.loads(x) for x in (workdir / "logs" / f"phase{phase}-rank{r}.jsonl").read_text().splitlines()]
-            for r in range(world)]
+def _describe(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    return {"samples": batch["sample_index"].tolist(), "source": batch["source"].tolist(),
+            "source_index": batch["source_index"].tolist(), "tokens": (batch["doc_ids"] >= 0).sum(dim=1).tolist()}
 
 
 def _validation_loss(workdir: Path, cfg: MixDemoConfig) -> dict[str, float]:
@@ -187,8 +151,8 @@ def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
     print(f"{LOG} phase 2: resume on {cfg.second_world} gloo ranks and finish the epoch")
     t2 = spawn_phase(_rank_main, 2, cfg.second_world, workdir, cfg, cfg.join_timeout_s)
 
-    kept = [x for rank in _logs(workdir, 1, cfg.first_world) for x in rank if x["step"] < cfg.checkpoint_step]
-    trained = kept + [x for rank in _logs(workdir, 2, cfg.second_world) for x in rank]
+    kept = [x for rank in _read_logs(workdir, 1, cfg.first_world)[0] for x in rank if x["step"] < cfg.checkpoint_step]
+    trained = kept + [x for rank in _read_logs(workdir, 2, cfg.second_world)[0] for x in rank]
     resumed_at = json.loads((workdir / "checkpoint" / "meta.json").read_text())["loader"]["consumed"]
     end = trained_end(resumed_at, total, PartitionConfig(world_size=cfg.second_world,
                                                          batch_size=cfg.global_batch // cfg.second_world))

@@ -40,7 +40,7 @@ import numpy as np
 
 from impl.errors import SplitError, require
 from reference.resume import PipelineConfig, canonical_json
-from reference.splits import Bound, parse_bounds
+from reference.splits import STORE_SPLIT, Bound, parse_bounds
 
 _PERCENT = re.compile(r"(-?)(\d+(?:\.\d+)?)%", re.ASCII)
 
@@ -203,14 +203,17 @@ class SplitStore:
 
 
 def split_store(store: Any, spec: str) -> SplitStore:
-    """The view of split notation ``"name[start:stop]"`` (SPLIT-6); the name is not checked (a store holds one split).
+    """The view of split notation ``"train[start:stop]"`` (SPLIT-6); a store holds one split, ``train`` (SPLIT-8).
 
     >>> split_store(store, "train[100]")                     # doctest: +SKIP
     Traceback (most recent call last):
     ...
     reference.errors.SplitError: split spec 'train[100]' is malformed; accepted forms: ...
     """
-    _, start, stop = parse_bounds(spec)
+    name, start, stop = parse_bounds(spec)
+    require(name == STORE_SPLIT, SplitError,
+            f"split {spec!r} names the split {name!r}, but a token store holds one split, {STORE_SPLIT!r} (SPLIT-8): "
+            f"carve held-out rows out of it (e.g. \"train[99%:]\"), or build a store of the {name!r} data")
     return SplitStore(store, (start, stop))
 
 

@@ -39,7 +39,7 @@ from reference.mixing import MixConfig, StreamConfig, WeightFn, mix, mix_streams
 from reference.ordering import OrderingConfig, epoch_order
 from reference.packing import IGNORE, PackingConfig, Sample, pack
 from reference.partition import PADDING, End, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
-from reference.splits import Bound, parse_bounds, resolve_bound, resolve_slice, split_corpus
+from reference.splits import STORE_SPLIT, Bound, parse_bounds, resolve_bound, resolve_slice, split_corpus
 
 STATE_FORMAT = "loadspec.state"
 STATE_VERSION = 1
@@ -78,7 +78,11 @@ class PipelineConfig:
                 f"end={self.end!r}: choose one of 'drop_last', 'pad', 'even'")
         if self.split is not None:
             if isinstance(self.split, str):
-                _, start, stop = parse_bounds(self.split)
+                name, start, stop = parse_bounds(self.split)
+                require(name == STORE_SPLIT, SplitError,
+                        f"split={self.split!r} names the split {name!r}, but a token store holds one split, "
+                        f"{STORE_SPLIT!r} (SPLIT-8): carve held-out rows out of it (e.g. \"train[99%:]\"), or build "
+                        f"a store of the {name!r} data and pass it without a split")
                 object.__setattr__(self, "split", (start, stop))
             require(isinstance(self.split, (tuple, list)) and len(self.split) == 2, SplitError,
                     f"split={self.split!r} must be a (start, stop) pair or split notation like \"train[:80%]\"")

@@ -39,6 +39,9 @@ from reference.errors import SplitError, is_int, require
 
 Bound = int | float | str | None
 
+STORE_SPLIT = "train"
+"""The one split a token store holds: split notation on a pipeline must name it (SPLIT-8)."""
+
 ACCEPTED_FORMS = ('accepted forms: "name" (whole split) or "name[start:stop]" where name is an identifier '
                   '(dots allowed, e.g. "train.clean") and start/stop are each empty, an integer (negative counts '
                   'from the end) or a percent "NN%"/"NN.N%" in [-100%, 100%]; e.g. "train", "train[10000:]", '

@@ -130,6 +130,15 @@ def test_split_views_are_zero_copy_one_pipeline_and_refuse_bad_splits(workdir):
                         mentions=["range(a, b)"])
 
 
+@pytest.mark.clause("SPLIT-8")
+@pytest.mark.parametrize("spec", ["validation[:10]", "test"])
+def test_a_split_naming_another_split_than_train_is_refused_by_the_view_and_the_dataset(spec, workdir):
+    store = build_store([[[1, 2, 3], [4, 5, 6]], [[7, 8, 9]]], workdir)
+    assert_raises_typed(SplitError, split_store, store, spec, clause="SPLIT-8", what=spec, mentions=[spec, "train[99%:]"])
+    assert_raises_typed(SplitError, PackedDataset, store, seq_len=2, split=spec, clause="SPLIT-8", what=spec,
+                        mentions=[spec, "train[99%:]"])
+
+
 @pytest.mark.clause("MIX-13")
 @pytest.mark.clause("SPLIT-8")
 @given(seed=ls.seeds, epoch=st.integers(0, 2), stopping=st.sampled_from(["first_exhausted", "all_exhausted"]))

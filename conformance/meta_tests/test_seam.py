@@ -35,7 +35,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "reference.bucketing": frozenset({"BucketConfig"}),
     "reference.sharding": frozenset({"ShardConfig", "MODES", "UNEVEN_POLICIES", "FILE_MODES"}),
     # parse_bounds reads split notation into its written bounds (configuration syntax); resolving them is impl's own.
-    "reference.splits": frozenset({"SplitSpec", "ACCEPTED_FORMS", "Bound", "parse_bounds"}),
+    "reference.splits": frozenset({"SplitSpec", "ACCEPTED_FORMS", "STORE_SPLIT", "Bound", "parse_bounds"}),
     "reference.resume": frozenset({"PipelineConfig", "Topology", "STATE_FORMAT", "STATE_VERSION",
                                    "SUPPORTED_STATE_VERSIONS", "STATE_KEYS", "MAX_STATE_INT", "PAD_SAMPLE_INDEX",
                                    "canonical_json", "corpus_fingerprint", "pipeline_fingerprint", "make_state",

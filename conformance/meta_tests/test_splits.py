@@ -364,3 +364,11 @@ def test_split_notation_and_pairs_give_the_same_pipeline_and_enter_the_fingerpri
         assert_raises_typed(SplitError, PipelineConfig, packing=p, split=bad, clause="SPLIT-8", what=bad, mentions=[bad])
     assert_raises_typed(SplitError, PipelineConfig(packing=p, split=(10, 20)).rows, 4, clause="SPLIT-8",
                         what="rows beyond the store", mentions=["empty"])
+
+
+@pytest.mark.clause("SPLIT-8")
+@pytest.mark.parametrize("spec", ["validation[:10]", "test", "train.clean[:5%]"])
+def test_a_pipeline_split_naming_another_split_than_train_is_refused_never_a_slice_of_train(spec):
+    p = PackingConfig(seq_len=2, mode="none", overflow="truncate")
+    assert_raises_typed(SplitError, PipelineConfig, packing=p, split=spec, clause="SPLIT-8", what=spec,
+                        mentions=[spec, "train", "train[99%:]"])

@@ -142,6 +142,48 @@ class TokenSource:
         """One file holding ``documents``."""
         return cls.from_files([documents])
 
+    @classmethod
+    def concat(cls, parts: Sequence[TokenSource]) -> TokenSource:
+        """The files of ``parts`` one after another: document ``d`` of part ``k`` is ``sum(part sizes before k) + d``.
+
+        Why: a mixture's batch holds samples of several sources; with their
+        sources concatenated, ``fill_batch`` fills the whole batch in one
+        call instead of one per source. Each part keeps loading, checking
+        and bounding its own files (``load`` is the part's :meth:`file`, so
+        a file is mapped once whichever source reads it); a part without
+        ``bounds`` gives its documents' bounds from the offsets its ``load``
+        checked.
+
+        >>> src = TokenSource.concat([TokenSource.from_documents([[5, 6]]), TokenSource.from_files([[[7]], [[8, 9]]])])
+        >>> [a.tolist() for a in src.locate(np.array([2, 0, 1]))]      # (file, file-local start, length)
+        [[2, 0, 1], [0, 0, 0], [2, 2, 1]]
+        """
+        require(len(parts) >= 1, ConfigError, "concat needs at least one TokenSource")
+        file_counts = np.array([part.num_files for part in parts], dtype=_I64)
+        doc_base = _exclusive_cumsum(np.array([part.num_documents for part in parts], dtype=_I64))
+        owner = np.repeat(np.arange(len(parts)), file_counts).tolist()
+        local = (np.arange(int(file_counts.sum()), dtype=_I64) - np.repeat(_exclusive_cumsum(file_counts)[:-1],
+                                                                           file_counts)).tolist()
+        starts = np.concatenate([[0], *(part._starts[1:] + base for part, base in zip(parts, doc_base.tolist()))])
+
+        def load(f: int) -> tuple[np.ndarray, np.ndarray]:
+            return parts[owner[f]].file(local[f])
+
+        def check(f: int, a: np.ndarray, b: np.ndarray) -> None:
+            part_check = parts[owner[f]]._check
+            if part_check is not None:
+                part_check(local[f], a, b)
+
+        def bounds(f: int, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            part = parts[owner[f]]
+            if part._bounds is not None:
+                return part._bounds(local[f], docs)
+            offsets = np.asarray(part.file(local[f])[1], dtype=_I64)
+            return offsets[docs], offsets[docs + 1] - offsets[docs]
+
+        checked = any(part._check is not None for part in parts)
+        return cls(starts, load, check if checked else None, bounds)
+
     @property
     def num_documents(self) -> int:
         return int(self._starts[-1])
@@ -356,7 +398,8 @@ def _with_segments(out: dict[str, Any], heads: np.ndarray | None = None,
 
 
 def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, config: PackingConfig,
-               source: TokenSource, *, segments: bool = False) -> dict[str, np.ndarray]:
+               source: TokenSource, *, segments: bool = False, reported: np.ndarray | None = None
+               ) -> dict[str, np.ndarray]:
     """Rows of samples from their pieces, as ``reference.packing.fill`` builds them, with no Python work per row or piece.
 
     Row ``r`` holds the next ``counts[r]`` pieces of ``(doc_ids, starts,
@@ -365,7 +408,10 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``, equal to
     the reference's samples stacked (without ``document_starts``).
     With ``segments``, also ``cu_seqlens`` (int32) and ``max_seqlen``, as
-    ``batch_cu_seqlens(position_ids)`` gives them.
+    ``batch_cu_seqlens(position_ids)`` gives them. ``reported`` (one id per
+    piece): the ids written to ``doc_ids`` instead of ``doc_ids`` (a
+    mixture reads documents of ``TokenSource.concat`` but reports each
+    source's own ids).
 
     How: every piece's positions are laid end to end on one flat grid of
     ``T`` tokens (``seg``: exclusive cumsum of the widths); per-token values
@@ -461,7 +507,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
         at = heads[bos > 0]
         tokens[at] = cast(int, config.bos_id)
         offset[at] = NO_OFFSET
-    out_docs[:] = np.repeat(docs, widths)
+    out_docs[:] = np.repeat(docs if reported is None else np.asarray(reported, dtype=_I64).reshape(-1), widths)
     if not full:
         if B == 1:      # one row (``materialize``): its positions are the row's first T
             for name, values in zip(BATCH_FIELDS, fields):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import impl.mixing
 from conformance import strategies as ls
 from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
@@ -18,9 +21,10 @@ from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError, StateError
 from impl.loader import build_dataloader
 from impl.mixing import MixedDataset, balance_remaining, interleave_datasets, mix_plan, stream_plan
+from impl.packing import PackPlan
 from reference import mixing as ref_mixing
 from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig
-from reference.packing import PackingConfig
+from reference.packing import MODES, PackingConfig
 from reference.resume import MixtureConfig, MixtureReferenceLoader, PipelineConfig, mixture_samples
 
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
@@ -94,10 +98,12 @@ def mixtures(draw, *, max_sources: int = 3):
     """(corpora, MixtureConfig) that PackedDataset can express: no buffer order, every source non-empty."""
     k = draw(st.integers(1, max_sources))
     packing = draw(ls.packing_configs())
+    alike = draw(st.booleans())   # one packing (MixedDataset's one-fill path) or a mode per source (a fill per source)
     corpora, configs = [], []
     for _ in range(k):
         corpora.append(draw(ls.corpora(max_docs=6, max_len=30)))
-        configs.append(PipelineConfig(packing=packing, ordering=draw(ls.ordering_configs(("sequential", "global", "window")))))
+        mine = packing if alike else dataclasses.replace(packing, mode=draw(st.sampled_from(MODES)))
+        configs.append(PipelineConfig(packing=mine, ordering=draw(ls.ordering_configs(("sequential", "global", "window")))))
     kind = draw(st.sampled_from(["round_robin", "weights", "balance"]))
     weights = tuple(draw(st.lists(st.integers(1, 5), min_size=k, max_size=k))) if kind == "weights" else None
     mixing = MixConfig(weights=weights, stopping=draw(st.sampled_from(STOPPING_STRATEGIES)), seed=draw(ls.seeds))
@@ -105,33 +111,47 @@ def mixtures(draw, *, max_sources: int = 3):
                                   weight_fn=ref_mixing.balance_remaining if kind == "balance" else None)
 
 
+def _mixed(sources, config):
+    weight_fn = balance_remaining if config.weight_fn is not None else None
+    return MixedDataset(sources, weights=config.mixing.weights, stopping=config.mixing.stopping,
+                        seed=config.mixing.seed, weight_fn=weight_fn, end=config.end)
+
+
 def _impl_mixture(corpora, config, workdir):
     sources = [_dataset(c, cfg, workdir) for c, cfg in zip(corpora, config.sources)]
     assume(all(s is not None for s in sources))
-    weight_fn = balance_remaining if config.weight_fn is not None else None
-    return MixedDataset(sources, weights=config.mixing.weights, stopping=config.mixing.stopping,
-                        seed=config.mixing.seed, weight_fn=weight_fn, end=config.end), sources
+    return _mixed(sources, config), sources
+
+
+def _assert_rows_equal(batch, expected, first, what, repro):
+    for i, (s, sample) in enumerate(expected):
+        got = {name: tuple(batch[name][i].tolist()) for name in FIELDS}
+        want = {name: tuple(getattr(sample, name)) for name in FIELDS}
+        assert_equal((int(batch["source"][i]), got), (s, want), clause="MIX-13", what=f"{what}: mixed sample {first + i}",
+                     repro=repro)
 
 
 @pytest.mark.clause("MIX-13")
 @pytest.mark.clause("MIX-14")
-@given(mixture=mixtures(), epoch=st.integers(0, 3))
-def test_mixed_dataset_samples_and_fingerprint_equal_the_reference_mixture(mixture, epoch, workdir):
+@given(mixture=mixtures(), epoch=st.integers(0, 3), batch_size=st.integers(1, 4), block=st.sampled_from([1, 3, 1024]))
+def test_mixed_dataset_samples_and_fingerprint_equal_the_reference_mixture(mixture, epoch, batch_size, block, workdir):
     corpora, config = mixture
     mixed, sources = _impl_mixture(corpora, config, workdir)
     expected = mixture_samples(corpora, config, epoch)
+    repro = {"mixture": mixture, "epoch": epoch, "batch_size": batch_size, "block": block}
     assert_equal(mixed.num_samples(epoch), len(expected), clause="MIX-13", what="mixed samples in the epoch",
-                 repro={"mixture": mixture, "epoch": epoch})
+                 repro=repro)
     reference = MixtureReferenceLoader(corpora, config, data_fingerprints=[s.store.fingerprint for s in sources])
     assert_equal(mixed.fingerprint, reference.fingerprint, clause="MIX-14", what="fingerprint")
     if not expected:
         return
-    batch = mixed.samples(epoch, range(len(expected)))
-    for i, (s, sample) in enumerate(expected):
-        got = {name: tuple(batch[name][i].tolist()) for name in FIELDS}
-        want = {name: tuple(getattr(sample, name)) for name in FIELDS}
-        assert_equal((int(batch["source"][i]), got), (s, want), clause="MIX-13", what=f"mixed sample {i}",
-                     repro={"mixture": mixture, "epoch": epoch})
+    _assert_rows_equal(mixed.samples(epoch, range(len(expected))), expected, 0, "the epoch in one call", repro)
+    with mock.patch.object(impl.mixing, "PIECE_BLOCK", block):   # a sequential reader: cached blocks of pieces
+        reader = _mixed(sources, config)
+    for first in range(0, len(expected), batch_size):
+        rows = range(first, min(first + batch_size, len(expected)))
+        _assert_rows_equal(reader.samples(epoch, rows), expected[rows.start:rows.stop], first,
+                           f"batches of {batch_size}, blocks of {block}", repro)
 
 
 @pytest.fixture(scope="module")
@@ -202,15 +222,15 @@ def test_mixture_workers_and_a_late_resume_need_no_replay(two_corpora, monkeypat
     workers = [b["sample_index"].tolist() for b in build_dataloader(mixed, batch_size=3, num_workers=2)]
     assert_equal(workers, plain, clause="RES-5", what="batches with 2 workers")
     fetched: list[int] = []
-    original = PackedDataset.samples
+    original = PackPlan.batch_pieces
 
-    def spy(self, epoch, indices):
-        fetched.extend(np.asarray(list(indices)).tolist())
-        return original(self, epoch, indices)
+    def spy(self, indices):
+        fetched.extend(np.asarray(indices).reshape(-1).tolist())
+        return original(self, indices)
 
-    monkeypatch.setattr(PackedDataset, "samples", spy)
     fresh = MixedDataset(two_corpora, weights=(1.0, 1.0), stopping="all_exhausted", seed=3)
     loader = build_dataloader(fresh, batch_size=3)
+    monkeypatch.setattr(PackPlan, "batch_pieces", spy)
     total = fresh.num_samples(0)
     loader.load_state_dict({**loader.state_dict(), "consumed": total - total % 3 - 3})
     last = list(loader)

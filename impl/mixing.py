@@ -476,7 +476,16 @@ class MixedDataset(Dataset[dict[str, Any]]):
     # ------------------------------------------------------------ construction checks
 
     def _first_sample(self, i: int) -> dict[str, np.ndarray]:
+        """Source ``i``'s sample 0, or for a ``PackedDataset`` its fields' shapes alone.
+
+        Why not read a packed sample: its fields are ``seq_len`` long by
+        construction, and reading one here would read tokens (and leave the
+        source's order looking like a sequential reader at position 0, so a
+        resume at 0 would evaluate a whole block of the order).
+        """
         src = self.sources[i]
+        if type(src) is PackedDataset:
+            return {name: np.empty(src.config.packing.seq_len, dtype=_I64) for name in FIELDS}
         if hasattr(src, "sample"):
             return {k: np.asarray(v) for k, v in src.sample(0, 0).items()}
         return {k: _numpy(v) for k, v in src[0].items()}

@@ -132,6 +132,28 @@ def _round_robin(sizes: np.ndarray, stopping: str) -> MixPlan:
     return MixPlan(source, (t // m) % sizes[source])
 
 
+def _prior_counts(chosen: np.ndarray, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``count[j]``: items of source ``chosen[j]`` emitted before step ``j`` (``taken[s]`` before the block).
+
+    Also ``per`` (steps per source), ``order`` (steps sorted by source,
+    stable) and ``group`` (where each source's steps begin in ``order``).
+    Why a stable sort and not a cumulative sum per source: a ``[steps, K]``
+    table costs K passes over memory K times larger; a radix sort of small
+    ints is one pass, whatever K.
+
+    >>> count, per, order, group = _prior_counts(np.array([1, 0, 1, 1, 0]), np.array([5, 0]))
+    >>> count.tolist(), per.tolist(), order.tolist(), group.tolist()
+    ([0, 5, 1, 2, 6], [2, 3], [1, 4, 0, 2, 3], [0, 2])
+    """
+    k = len(taken)
+    per = np.bincount(chosen, minlength=k)
+    order = np.argsort(chosen.astype(np.uint16) if k <= 1 << 16 else chosen, kind="stable")
+    group = _exclusive_cumsum(per)[:-1]
+    rank = np.empty(len(chosen), dtype=_I64)
+    rank[order] = np.arange(len(chosen), dtype=_I64) - np.repeat(group, per)
+    return rank + taken[chosen], per, order, group
+
+
 def _static_weights(sizes: np.ndarray, weights: np.ndarray, stopping: str, key: int) -> MixPlan:
     k = len(sizes)
     if stopping != "first_exhausted":
@@ -162,9 +184,7 @@ def _static_weights(sizes: np.ndarray, weights: np.ndarray, stopping: str, key: 
         horizon = int((sizes - np.minimum(taken, sizes)).sum()) + 1
         horizon = min(max(horizon, 1024) if stopping == "all_exhausted_oversample" else horizon, _BLOCK)
         chosen = _choose(masked, rng.unit(key, np.arange(t, t + horizon, dtype=np.uint64)))
-        onehot = chosen[:, None] == np.arange(k)[None, :]
-        before = np.cumsum(onehot, axis=0) - onehot + taken[None, :]
-        count = before[np.arange(horizon), chosen]   # items of the chosen source emitted before each step
+        count, per, order, group = _prior_counts(chosen, taken)   # items of the chosen source emitted before each step
         if stopping == "first_exhausted":
             out = np.flatnonzero(count >= sizes[chosen])
             end = int(out[0]) if len(out) else horizon
@@ -172,21 +192,25 @@ def _static_weights(sizes: np.ndarray, weights: np.ndarray, stopping: str, key: 
             indices.append(count[:end])
             if len(out):
                 break
-            taken = before[end - 1] + onehot[end - 1]
+            taken = taken + per
             t += end
             continue
-        after = before + onehot
         if stopping == "all_exhausted":
             hits = np.flatnonzero(count + 1 == sizes[chosen])   # a source emits its last item: eligibility changes
-        else:
-            done = ((after >= sizes[None, :]) | ~eligible[None, :]).all(axis=1)
-            hits = np.flatnonzero(done)
-        stop = int(hits[0]) + 1 if len(hits) else horizon
+            stop = int(hits[0]) + 1 if len(hits) else horizon
+            finished = False
+        else:   # done once every non-empty source has emitted its last item: the latest of those steps
+            steps = []
+            for i in np.flatnonzero(eligible & (taken < sizes)).tolist():
+                r = int(sizes[i] - 1 - taken[i])   # the source's emissions in this block before its last item
+                steps.append(int(order[group[i] + r]) if r < per[i] else horizon)
+            finished = max(steps) < horizon
+            stop = max(steps) + 1 if finished else horizon
         sources.append(chosen[:stop])
         indices.append(count[:stop] % np.maximum(sizes[chosen[:stop]], 1))
-        taken = after[stop - 1]
+        taken = taken + (per if stop == horizon else np.bincount(chosen[:stop], minlength=k))
         t += stop
-        if stopping == "all_exhausted_oversample" and len(hits):
+        if finished:
             break
     if not sources:
         return MixPlan(np.zeros(0, _I64), np.zeros(0, _I64))

@@ -77,13 +77,14 @@ def test_mix_plan_equals_the_reference_stream_for_every_option(options):
 
 @pytest.mark.clause("MIX-3")
 @given(sizes=st.lists(st.integers(200, 3000), min_size=2, max_size=4), seed=ls.seeds,
-       stopping=st.sampled_from(STOPPING_STRATEGIES))
-def test_mix_plan_equals_the_reference_on_streams_longer_than_one_phase(sizes, seed, stopping):
+       stopping=st.sampled_from(STOPPING_STRATEGIES), block=st.sampled_from([97, 1024, 1 << 18]))
+def test_mix_plan_equals_the_reference_on_streams_longer_than_one_phase(sizes, seed, stopping, block):
     weights = tuple(float(i + 1) for i in range(len(sizes)))
     config = MixConfig(weights=weights, stopping=stopping, seed=seed)
-    plan = mix_plan(sizes, config, 3)
+    with mock.patch.object(impl.mixing, "_BLOCK", block):   # draws computed in blocks of this many steps
+        plan = mix_plan(sizes, config, 3)
     assert_equal(list(zip(plan.source.tolist(), plan.item.tolist())), ref_mixing.mix(sizes, config, 3), clause="MIX-3",
-                 what="weighted stream", repro={"sizes": sizes, "seed": seed, "stopping": stopping})
+                 what="weighted stream", repro={"sizes": sizes, "seed": seed, "stopping": stopping, "block": block})
 
 
 def _dataset(corpus, config, workdir):

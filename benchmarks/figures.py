@@ -17,6 +17,7 @@ TARGET_RESUME_FLAT = 1.5        # impl resume p90 / p0 at >= 1M documents
 TARGET_TPUT_FRACTION = 0.5      # impl single-process tokens/s / raw gather tokens/s
 TARGET_RESUME_SECONDS = 2e-3    # impl-fresh: open -> dataset -> loader -> load_state_dict -> first batch, >= 1M documents
 TARGET_CONSTRUCT_SECONDS = 2e-3  # PackedDataset(...) + len on an opened store, plan cache warm
+TARGET_MIX_TPUT_FRACTION = 0.9   # a 2- or 4-source mixture's tokens/s / one PackedDataset's (issue 10)
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -109,6 +110,7 @@ def ratios(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
         for size in ("M", "L"):
             if size in opens:
                 put(f"open impl {size}/S", _ratio(opens[size].median, opens["S"].median), "lower")
+    mix_ratios(r, here, put)
     b_impl, b_hf = r.get("build-impl-p2"), r.get("build-hf-map-p2")
     if b_impl and b_hf:
         put("build impl/hf-map tokens/s", _ratio(b_impl.tokens_per_s, b_hf.tokens_per_s), "higher")
@@ -118,8 +120,36 @@ def ratios(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
     return out
 
 
+def mixing_rows(r: dict[str, Row], kind: str) -> dict[int, Row]:
+    """``test_mixing.py``'s rows of ``kind`` by source count (1: the single dataset), for one position if resume."""
+    return {int(row.extra["sources"]): row for row in r.values() if row.extra.get("kind") == kind}
+
+
+def mixing_resume(r: dict[str, Row]) -> dict[tuple[int, float], Row]:
+    return {(int(row.extra["sources"]), float(row.extra["position"])): row for row in r.values()
+            if row.extra.get("kind") == "mixing-resume"}
+
+
+def mix_ratios(r: dict[str, Row], open_row: Row | None, put: Any) -> None:
+    """Mixtures (issue 10): tokens/s over one PackedDataset's, resume p50/p0 and p90/p0, plan build over a warm open."""
+    tput = mixing_rows(r, "mixing-throughput")
+    single = tput.get(1)
+    for k, row in sorted(tput.items()):
+        if k > 1 and single is not None:
+            put(f"tput mixing {k} sources / single dataset", _ratio(row.tokens_per_s, single.tokens_per_s), "higher")
+    res = mixing_resume(r)
+    for (k, pos), row in sorted(res.items()):
+        p0 = res.get((k, 0.0))
+        if pos > 0 and p0 is not None:
+            put(f"resume mixing {k} sources p{round(pos * 100):02d}/p0", _ratio(row.median, p0.median), "lower")
+    if open_row is not None:
+        for k, row in sorted(mixing_rows(r, "mixing-plan").items()):
+            put(f"mixing plan {k} sources / open impl", _ratio(row.median, open_row.median), "lower")
+
+
 # Per-figure tolerance of the regression gate (relative). Noisy figures get more room.
-TOLERANCES = {"tput": 0.30, "resume": 0.60, "open": 1.00, "build": 0.30, "packing": 0.02, "construct": 1.00}
+TOLERANCES = {"tput": 0.30, "resume": 0.60, "open": 1.00, "build": 0.30, "packing": 0.02, "construct": 1.00,
+              "mixing": 0.60}
 
 
 def tolerance(name: str) -> float:
@@ -187,6 +217,7 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         v = opens[big] / opens["S"] if "S" in opens else None
         out.append(("warm TokenStore.open independent of token count", shown,
                     f"{big}/S = {v:.2f}x" if v else "", (v <= 2.0) if v is not None and big != "S" else None))
+    out += mix_targets(r)
     for shuffle in ("none", "global"):
         raw, impl = r.get(f"tput-raw-{shuffle}-w0"), r.get(f"tput-impl-{shuffle}-w0")
         floor = r.get(f"tput-floor-{shuffle}-w0")
@@ -200,4 +231,37 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
             out.append((f"single-process packed throughput >= 50% of raw mmap gather ({shuffle})",
                         f"{v:.1%} ({impl.tokens_per_s / 1e6:.1f} M vs {raw.tokens_per_s / 1e6:.0f} M tokens/s)",
                         note, v >= TARGET_TPUT_FRACTION))
+    return out
+
+
+def mix_targets(r: dict[str, Row]) -> list[tuple[str, str, str, bool | None]]:
+    """Issue 10's targets: mixture throughput within 10 % of one dataset, resume flat in position, plan build shown."""
+    out: list[tuple[str, str, str, bool | None]] = []
+    tput = mixing_rows(r, "mixing-throughput")
+    single = tput.get(1)
+    mixed = {k: row for k, row in sorted(tput.items()) if k > 1 and row.tokens_per_s}
+    if single is not None and single.tokens_per_s and mixed:
+        shares = {k: row.tokens_per_s / single.tokens_per_s for k, row in mixed.items()}
+        out.append(("mixture throughput >= 90% of one PackedDataset (same tokens, batch 8, no workers)",
+                    ", ".join(f"{k} sources {v:.0%} ({mixed[k].tokens_per_s / 1e6:.1f} M tok/s)"
+                              for k, v in shares.items()) + f"; single {single.tokens_per_s / 1e6:.1f} M tok/s",
+                    "sources: contiguous splits of the store, weights 1..K, all_exhausted",
+                    min(shares.values()) >= TARGET_MIX_TPUT_FRACTION))
+    res = mixing_resume(r)
+    for k in sorted({k for k, _ in res}):
+        rows_k = sorted((pos, row) for (kk, pos), row in res.items() if kk == k)
+        if len(rows_k) < 2:
+            continue
+        spread = max(row.median for _, row in rows_k) / min(row.median for _, row in rows_k)
+        out.append((f"mixture resume flat in position ({k} sources): slowest <= 1.5 x fastest",
+                    ", ".join(f"{pos:.0%} {row.median * 1e3:.2f} ms" for pos, row in rows_k),
+                    "open -> datasets -> mixture -> loader -> load_state_dict -> first batch, all timed; sources in the "
+                    "resumed batch: " + ", ".join(
+                        f"{pos:.0%} {row.extra.get('sources_in_batch', '?')}" for pos, row in rows_k),
+                    spread <= TARGET_RESUME_FLAT))
+    plans = mixing_rows(r, "mixing-plan")
+    if plans:
+        out.append(("mixture plan build (one epoch, measured; no target)",
+                    ", ".join(f"{k} sources {row.median * 1e3:.1f} ms ({row.extra.get('samples')} samples)"
+                              for k, row in sorted(plans.items())), "MixedDataset.plan(0), sources' sizes known", None))
     return out

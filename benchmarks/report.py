@@ -136,6 +136,7 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
             note="Utilisation: non-padding positions / (samples x seq_len), over the whole epoch plan.")
     section("Plan computation (one epoch, no cache)", "plan", ["mode", "documents", "samples", "time"],
             lambda r: [r.extra["mode"], str(r.extra.get("documents")), str(r.extra.get("samples")), _ms(r.median)])
+    lines += _mixing_section(by)
     rss_rows = [r.extra for r in rows if r.extra.get("kind") == "rss" and "peak_rss_mb" in r.extra]
     rss_rows += [x for x in (rss or []) if "peak_rss_mb" in x and not any(
         y.get("loader") == x.get("loader") and y.get("workers") == x.get("workers") for y in rss_rows)]
@@ -156,6 +157,39 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
     if plots:
         lines += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
     return "\n".join(lines)
+
+
+def _mixing_section(by: dict[str, figures.Row]) -> list[str]:
+    """Mixtures (``test_mixing.py``): throughput against one PackedDataset, resume by position, plan build."""
+    tput = figures.mixing_rows(by, "mixing-throughput")
+    res = figures.mixing_resume(by)
+    plans = figures.mixing_rows(by, "mixing-plan")
+    if not (tput or res or plans):
+        return []
+    lines = ["## Mixtures", "",
+             ("K contiguous splits of the store, each its own PackedDataset (concat, seq_len 2048, global shuffle), "
+              "mixed by MixedDataset with weights 1..K under all_exhausted; single: one PackedDataset over the whole "
+              "store. Throughput: the same token budget, batch 8, no workers. Resume, all timed: TokenStore.open -> "
+              "the K split datasets (plans cached on disk) -> MixedDataset -> build_dataloader (the mixture's "
+              "plan) -> load_state_dict -> first batch of 8."), ""]
+    single = tput.get(1)
+    if tput:
+        lines += _table(["sources", "tokens/s", "of single"],
+                        [["single" if k == 1 else str(k), _rate(row.tokens_per_s, " tok/s"),
+                          f"{row.tokens_per_s / single.tokens_per_s:.0%}"
+                          if single and single.tokens_per_s and row.tokens_per_s else "–"]
+                         for k, row in sorted(tput.items())])
+    if res:
+        positions = sorted({pos for _, pos in res})
+        lines += _table(["sources", *[f"{round(p * 100)}%" for p in positions], "sources in the batch"],
+                        [[str(k), *[_ms(res[(k, p)].median) if (k, p) in res else "–" for p in positions],
+                          ", ".join(str(res[(k, p)].extra.get("sources_in_batch", "?")) for p in positions
+                                    if (k, p) in res)]
+                         for k in sorted({k for k, _ in res})])
+    if plans:
+        lines += _table(["sources", "samples", "plan build"],
+                        [[str(k), str(row.extra.get("samples")), _ms(row.median)] for k, row in sorted(plans.items())])
+    return lines
 
 
 def plot(data: dict, out: Path) -> list[str]:

@@ -75,7 +75,7 @@ from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptE
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, pack_plan
-from impl.partition import SampleKey, padding_rows, resolve_key
+from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key
 from impl.splits import SplitStore, split_pipeline
 from impl.store import META_FILE, TokenStore
 from reference.ordering import Kind, OrderingConfig
@@ -131,7 +131,7 @@ def _writable_dir(path: Path) -> bool:
     return os.access(path, os.W_OK | os.X_OK)
 
 
-class PackedDataset(Dataset[dict[str, Any]]):
+class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     """Samples of ``seq_len`` tokens from a :class:`~impl.store.TokenStore`, equal to the reference pipeline's.
 
     ``packing``: ``concat`` | ``chunk`` | ``greedy`` | ``first_fit`` |
@@ -350,30 +350,6 @@ class PackedDataset(Dataset[dict[str, Any]]):
         self._reset_memory()
 
     # ------------------------------------------------------------ epochs and sizes
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch a plain int index refers to (keys carry their own), in this process and in DataLoader workers."""
-        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
-        self.epoch = int(epoch)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of plain int indices, held in one shared-memory int64.
-
-        Why shared memory: a plain ``DataLoader(ds, num_workers=2,
-        persistent_workers=True)`` keeps the copies of the dataset its workers
-        got when they started, so an attribute set by ``ds.set_epoch(1)`` in
-        the training process never reaches them and epoch 0 repeats. The cell
-        is shared with forked workers (inherited mapping) and spawned ones
-        (torch's pickler shares the storage); plain ``pickle`` copies the value.
-        """
-        return int(self._epoch_cell.item())
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        if "_epoch_cell" not in self.__dict__:
-            self._epoch_cell = torch.zeros((), dtype=torch.int64).share_memory_()
-        self._epoch_cell.fill_(int(value))
 
     def num_samples(self, epoch: int) -> int:
         """Samples of epoch ``epoch`` (closed form for concat/chunk/none: the same every epoch; bin modes: the plan's)."""

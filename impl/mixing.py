@@ -51,12 +51,12 @@ import torch
 from torch.utils.data import Dataset
 
 from impl import rng
-from impl.collation import batch_cu_seqlens
+from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.dataset import PackedDataset, SampleKey, _distinct
 from impl.errors import ConfigError, is_integer, require
 from impl.fill import TokenSource, fill_batch
 from impl.packing import _exclusive_cumsum, _ranges
-from impl.partition import padding_rows, resolve_key
+from impl.partition import SharedEpoch, padding_rows, resolve_key
 from reference.mixing import BATCHING_METHODS, STOPPING_STRATEGIES, MixConfig, StreamConfig, WeightFn
 from reference.packing import PackingConfig
 from reference.partition import PADDING
@@ -420,7 +420,7 @@ def stream_plan(source_sizes: Sequence[int], streams: Sequence[StreamConfig], se
     return MixPlan(plan.source, item)
 
 
-class MixedDataset(Dataset[dict[str, Any]]):
+class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     """Samples of several sources, mixed at sample level, equal to the reference's mixture (MIX-13).
 
     ``sources``: ``impl.dataset.PackedDataset`` objects, or any map-style
@@ -565,10 +565,6 @@ class MixedDataset(Dataset[dict[str, Any]]):
 
     def num_samples(self, epoch: int) -> int:
         return len(self.plan(epoch).source)
-
-    def set_epoch(self, epoch: int) -> None:
-        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
-        self.epoch = int(epoch)
 
     def __len__(self) -> int:
         return self.num_samples(self.epoch)
@@ -773,15 +769,20 @@ class MixedDataset(Dataset[dict[str, Any]]):
         values = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         return self._batch([SampleKey(int(epoch), int(i)) for i in values])
 
-    def __getitems__(self, keys: list[Any]) -> dict[str, Any]:
-        """A whole batch: the batched dict ``impl.collation.collate`` passes through, plus ``source``/``source_index``."""
-        return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-                for name, value in self._batch(keys).items()}
+    def __getitems__(self, keys: list[Any]) -> SampleBatch:
+        """A whole batch as a ``SampleBatch`` (``PackedDataset``'s fields plus ``source``/``source_index``).
+
+        Why a ``SampleBatch``: torch's DataLoader hands this to its
+        ``collate_fn``; ``default_collate`` (a plain ``DataLoader``, torchdata's
+        ``StatefulDataLoader``) reads it as the list of samples, and
+        ``impl.collation.collate`` takes the batch computed here as is.
+        """
+        return SampleBatch({name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                            for name, value in self._batch(keys).items()})
 
     def __getitem__(self, key: Any) -> dict[str, torch.Tensor]:
-        batch = self._batch([key])
-        return {name: torch.from_numpy(np.asarray(value[0])) for name, value in batch.items()
-                if isinstance(value, np.ndarray) and name != "cu_seqlens"}
+        sample: dict[str, torch.Tensor] = self.__getitems__([key])[0]
+        return sample
 
 
 def _shared_packing(sources: Sequence[Any]) -> PackingConfig | None:

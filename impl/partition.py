@@ -41,12 +41,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from impl.errors import ConfigError, StateError, TopologyError, is_int, is_integer, require
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, PackingConfig
 from reference.partition import END_POLICIES, PADDING, PartitionConfig
 
-__all__ = ["PADDING_FIELDS", "ElasticSampler", "SampleKey", "advance", "distributed_topology", "group_batch",
+__all__ = ["PADDING_FIELDS", "ElasticSampler", "SampleKey", "SharedEpoch", "advance", "distributed_topology", "group_batch",
            "padding_rows", "resolve_end", "resolve_key", "steps_in_epoch", "trained_end"]
 
 
@@ -167,6 +168,41 @@ def group_batch(consumed: int, num_samples: int, config: PartitionConfig, group:
         return []
     first = consumed + group * share
     return list(range(first, first + share))
+
+
+class SharedEpoch:
+    """The epoch a plain int index refers to, held in one shared-memory int64: a mixin of the keyed datasets.
+
+    Why shared memory: a plain ``DataLoader(ds, num_workers=2,
+    persistent_workers=True)`` keeps the copies of the dataset its workers got
+    when they started, so an attribute set by ``ds.set_epoch(1)`` in the
+    training process never reaches them and epoch 0 repeats. The cell is
+    shared with forked workers (inherited mapping) and spawned ones (torch's
+    pickler shares the storage); plain ``pickle`` copies the value. Keys that
+    carry their epoch (``SampleKey``, what ``build_dataloader`` uses) do not
+    need it.
+
+    >>> class Keyed(SharedEpoch): pass
+    >>> ds = Keyed(); ds.set_epoch(3); ds.epoch
+    3
+    """
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch a plain int index refers to (keys carry their own), in this process and in DataLoader workers."""
+        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        self.epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of plain int indices (0 until ``set_epoch``)."""
+        cell = self.__dict__.get("_epoch_cell")
+        return 0 if cell is None else int(cell.item())
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        if "_epoch_cell" not in self.__dict__:
+            self._epoch_cell = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch_cell.fill_(int(value))
 
 
 def resolve_key(key: Any, epoch: int, num_samples: Callable[[int], int], what: str = "") -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""``PackedDataset`` inside torch's own loaders: a plain ``DataLoader`` and torchdata's ``StatefulDataLoader``.
+"""``PackedDataset`` and ``MixedDataset`` inside torch's own loaders: a plain ``DataLoader`` and torchdata's ``StatefulDataLoader``.
 
 Why: users put a dataset in the loader they already have. With the default
 collate, a batch must be what ``default_collate([ds[i] for i in batch])``
@@ -10,6 +10,9 @@ worker processes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
@@ -17,6 +20,7 @@ from torch.utils.data import DataLoader, default_collate
 from conformance.assertions import assert_equal, check
 from impl.collation import SampleBatch, collate
 from impl.dataset import PackedDataset, SampleKey
+from impl.mixing import MixedDataset
 from impl.store import TokenStore
 
 BATCH = 3
@@ -28,11 +32,18 @@ def store(tmp_path_factory) -> TokenStore:
     return TokenStore.from_token_files(docs, tmp_path_factory.mktemp("torch-loaders") / "store", vocab_size=400)
 
 
-def make(store: TokenStore, **kw) -> PackedDataset:
-    return PackedDataset(store, seq_len=6, shuffle="global", seed=3, cache_dir=False, **kw)
+@pytest.fixture(params=["packed", "mixed"])
+def make(request, store: TokenStore) -> Callable[..., Any]:
+    """A factory of the dataset under test: one ``PackedDataset``, or a mixture of two over the same store."""
+    def build(**kw: Any) -> Any:
+        if request.param == "packed":
+            return PackedDataset(store, seq_len=6, shuffle="global", seed=3, cache_dir=False, **kw)
+        sources = [PackedDataset(store, seq_len=6, shuffle="global", seed=seed, cache_dir=False) for seed in (3, 4)]
+        return MixedDataset(sources, weights=(0.6, 0.4), seed=5, **kw)
+    return build
 
 
-def expected_batches(ds: PackedDataset, epoch: int, batch: int = BATCH) -> list[dict[str, torch.Tensor]]:
+def expected_batches(ds: Any, epoch: int, batch: int = BATCH) -> list[dict[str, torch.Tensor]]:
     """What a plain DataLoader must give: ``default_collate`` of ``ds[SampleKey(epoch, i)]`` per batch of indices."""
     n = ds.num_samples(epoch)
     return [default_collate([ds[SampleKey(epoch, i)] for i in range(s, min(s + batch, n))]) for s in range(0, n, batch)]
@@ -49,8 +60,8 @@ def assert_same(got: list[dict[str, torch.Tensor]], expected: list[dict[str, tor
 
 
 @pytest.mark.clause("COLL-9", "PACK-20")
-def test_getitems_reads_as_the_list_of_samples_getitem_returns_including_padding(store):
-    ds = make(store)
+def test_getitems_reads_as_the_list_of_samples_getitem_returns_including_padding(make):
+    ds = make()
     keys = [SampleKey(0, 2), SampleKey(1, 0), SampleKey(0, -1), SampleKey(0, 2)]
     got = ds.__getitems__(keys)
     check(isinstance(got, SampleBatch) and len(got) == len(keys), clause="COLL-9", what=f"__getitems__ gave {got!r}")
@@ -65,15 +76,15 @@ def test_getitems_reads_as_the_list_of_samples_getitem_returns_including_padding
 
 @pytest.mark.clause("COLL-9")
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_plain_dataloader_with_the_default_collate_yields_the_stacked_samples(store, workers):
-    ds = make(store)
+def test_a_plain_dataloader_with_the_default_collate_yields_the_stacked_samples(make, workers):
+    ds = make()
     got = list(DataLoader(ds, batch_size=BATCH, num_workers=workers))
     assert_same(got, expected_batches(ds, 0), f"DataLoader(num_workers={workers})")
 
 
 @pytest.mark.clause("RES-7", "COLL-9")
-def test_set_epoch_reaches_persistent_workers_of_a_plain_dataloader(store):
-    ds = make(store)
+def test_set_epoch_reaches_persistent_workers_of_a_plain_dataloader(make):
+    ds = make()
     loader = DataLoader(ds, batch_size=BATCH, num_workers=2, persistent_workers=True)
     first = list(loader)
     ds.set_epoch(1)
@@ -85,18 +96,18 @@ def test_set_epoch_reaches_persistent_workers_of_a_plain_dataloader(store):
 
 
 @pytest.mark.clause("RES-7")
-def test_set_epoch_reaches_a_persistent_spawned_worker(store):
-    ds = make(store)
+def test_set_epoch_reaches_a_persistent_spawned_worker(make):
+    ds = make()
     loader = DataLoader(ds, batch_size=BATCH, num_workers=1, persistent_workers=True, multiprocessing_context="spawn")
     next(iter(loader))
     ds.set_epoch(2)
     assert_same(list(loader), expected_batches(ds, 2), "a spawned persistent worker after set_epoch(2)")
 
 
-def test_a_pickled_dataset_keeps_its_own_epoch(store):
+def test_a_pickled_dataset_keeps_its_own_epoch(make):
     import pickle
 
-    ds = make(store, epoch=1)
+    ds = make(epoch=1)
     copy = pickle.loads(pickle.dumps(ds))
     ds.set_epoch(3)
     check((copy.epoch, ds.epoch) == (1, 3), clause="RES-7", what=f"copy epoch {copy.epoch}, original {ds.epoch}")
@@ -104,16 +115,16 @@ def test_a_pickled_dataset_keeps_its_own_epoch(store):
 
 @pytest.mark.clause("RES-1", "COLL-9")
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_stateful_dataloader_state_round_trip_continues_with_the_next_batch(store, workers):
+def test_a_stateful_dataloader_state_round_trip_continues_with_the_next_batch(make, workers):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    ds = make(store)
+    ds = make()
     expected = expected_batches(ds, 0)
     loader = StatefulDataLoader(ds, batch_size=BATCH, num_workers=workers)
     iterator = iter(loader)
     head = [next(iterator) for _ in range(2)]
     state = loader.state_dict()
     del iterator
-    resumed = StatefulDataLoader(make(store), batch_size=BATCH, num_workers=workers)
+    resumed = StatefulDataLoader(make(), batch_size=BATCH, num_workers=workers)
     resumed.load_state_dict(state)
     assert_same(head + list(resumed), expected, f"StatefulDataLoader(num_workers={workers}) resumed after 2 batches")

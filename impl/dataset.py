@@ -61,7 +61,6 @@ import json
 import mmap
 import os
 import warnings
-import zlib
 from pathlib import Path
 from typing import Any, cast
 
@@ -70,6 +69,7 @@ import torch
 from torch.utils.data import Dataset
 
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
+from impl._crc import crc32
 from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
@@ -489,7 +489,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         for name, arr in zip(fields, arrays):
             layout.append([name, at, len(arr)])
             at += len(arr)
-        blocks = [zlib.crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)]
+        blocks = [crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)]
         meta = dict(self._sidecar_expected(epoch), fields=layout, npy_bytes=len(data), values=len(flat),
                     block_crc32=blocks, epoch=self._plan_epoch(epoch), store_fingerprint=self.store.fingerprint,
                     config=self.config.to_json())
@@ -707,7 +707,7 @@ class _BlockCheck:
     """A cached plan's :data:`impl.packing.Verifier`: CRC-32 of each ``PLAN_BLOCK``-value block, on its first read.
 
     >>> flat = np.arange(3 * PLAN_BLOCK, dtype=np.int64)
-    >>> check = _BlockCheck(flat, {"cum": 0}, [zlib.crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)])
+    >>> check = _BlockCheck(flat, {"cum": 0}, [crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)])
     >>> check("cum", 5, PLAN_BLOCK); check.ok.tolist()     # values 5 .. PLAN_BLOCK: blocks 0 and 1
     [True, True, False]
     """
@@ -731,7 +731,7 @@ class _BlockCheck:
         for b in range(b0, b1 + 1):
             if self.ok[b]:
                 continue
-            if zlib.crc32(self.flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK].data) != self.crcs[b]:
+            if crc32(self.flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK].data) != self.crcs[b]:
                 raise PlanCorruptError(f"block {b} of a cached plan failed its CRC-32")
             self.ok[b] = True
 

@@ -64,7 +64,7 @@ BATCH_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets
 _NO_TOKENS = np.zeros(0, dtype=_I64)
 Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
 Checker = Callable[[int, np.ndarray, np.ndarray], None]
-Bounds = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
+Bounds = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 # ------------------------------------------------------------------ tokens
@@ -78,13 +78,14 @@ class TokenSource:
     ``(values, offsets)`` (tokens, and file-local document offsets of length
     documents + 1), and ``check(f, starts, stops)`` is called with the
     file-local token ranges about to be copied, before they are copied.
-    ``bounds(f, local_docs)``, when given, returns ``(start, length)`` of
-    file-local documents from checked offsets: documents are then located
-    one at a time as batches name them (the offsets returned by ``load`` are
-    never read); without it, a file's offsets are copied whole at its first
-    use. :meth:`from_store` wires these to ``TokenStore._map`` (which maps a
-    file the first time it is asked for), ``TokenStore.check_blocks`` and
-    ``TokenStore.document_bounds``; nothing is read at construction.
+    ``bounds(files, local_docs)``, when given, returns ``(start, length)``
+    of file-local document ``local_docs[i]`` of file ``files[i]`` from
+    checked offsets: documents are then located as batches name them, all of
+    a batch's in one call (the offsets returned by ``load`` are never read);
+    without it, a file's offsets are copied whole at its first use.
+    :meth:`from_store` wires these to ``TokenStore._map`` (which maps a file
+    the first time it is asked for), ``TokenStore.check_blocks`` and
+    ``TokenStore.document_bounds_batch``; nothing is read at construction.
 
     Why per document: a fresh resume's first batch names a few documents in
     each of many files; checking and copying each file's whole offsets
@@ -118,10 +119,10 @@ class TokenSource:
     def from_store(cls, store: Any) -> TokenSource:
         """The store's files, each mapped by the store when a batch first touches it, offsets checked per document.
 
-        A store without ``document_bounds`` (e.g. a split view) hands out
-        files whose offsets ``_part`` checked whole.
+        A store without ``document_bounds_batch`` (e.g. a split view) hands
+        out files whose offsets ``_part`` checked whole.
         """
-        bounds = getattr(store, "document_bounds", None)
+        bounds = getattr(store, "document_bounds_batch", None)
         if bounds is None:
             return cls(store.file_document_starts, store._part, store.check_blocks)
         return cls(store.file_document_starts, store._map, store.check_blocks, bounds)
@@ -161,9 +162,10 @@ class TokenSource:
         require(len(parts) >= 1, ConfigError, "concat needs at least one TokenSource")
         file_counts = np.array([part.num_files for part in parts], dtype=_I64)
         doc_base = _exclusive_cumsum(np.array([part.num_documents for part in parts], dtype=_I64))
-        owner = np.repeat(np.arange(len(parts)), file_counts).tolist()
-        local = (np.arange(int(file_counts.sum()), dtype=_I64) - np.repeat(_exclusive_cumsum(file_counts)[:-1],
-                                                                           file_counts)).tolist()
+        owners = np.repeat(np.arange(len(parts), dtype=_I64), file_counts)
+        locals_ = np.arange(int(file_counts.sum()), dtype=_I64) - np.repeat(_exclusive_cumsum(file_counts)[:-1],
+                                                                            file_counts)
+        owner, local = owners.tolist(), locals_.tolist()
         starts = np.concatenate([[0], *(part._starts[1:] + base for part, base in zip(parts, doc_base.tolist()))])
 
         def load(f: int) -> tuple[np.ndarray, np.ndarray]:
@@ -174,12 +176,21 @@ class TokenSource:
             if part_check is not None:
                 part_check(local[f], a, b)
 
-        def bounds(f: int, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            part = parts[owner[f]]
-            if part._bounds is not None:
-                return part._bounds(local[f], docs)
-            offsets = np.asarray(part.file(local[f])[1], dtype=_I64)
-            return offsets[docs], offsets[docs + 1] - offsets[docs]
+        def bounds(files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            start, length = np.empty(len(files), dtype=_I64), np.empty(len(files), dtype=_I64)
+            whose = owners[files]
+            for k in np.unique(whose).tolist():
+                rows = np.flatnonzero(whose == k)
+                part, part_files, part_docs = parts[k], locals_[files[rows]], docs[rows]
+                if part._bounds is not None:
+                    start[rows], length[rows] = part._bounds(part_files, part_docs)
+                    continue
+                for f in np.unique(part_files).tolist():
+                    mine = part_files == f
+                    offsets = np.asarray(part.file(f)[1], dtype=_I64)
+                    d = part_docs[mine]
+                    start[rows[mine]], length[rows[mine]] = offsets[d], offsets[d + 1] - offsets[d]
+            return start, length
 
         checked = any(part._check is not None for part in parts)
         return cls(starts, load, check if checked else None, bounds)
@@ -238,13 +249,15 @@ class TokenSource:
         return file, rows[:, 0], rows[:, 1] - 1
 
     def _learn(self, docs: np.ndarray, files: np.ndarray) -> None:
-        """Record the bounds of ``docs`` (in ``files``): per file, one ``bounds`` call, or the file's whole offsets."""
-        for f, sel in self._groups(files):
+        """Record the bounds of ``docs`` (in ``files``): one ``bounds`` call for all, or each file's whole offsets."""
+        if self._bounds is not None:
+            lo, length = self._bounds(files, docs - self._starts[files])
+            rows = self._located
+            rows[docs, 0] = lo
+            rows[docs, 1] = length + 1
+            return
+        for f, _ in self._groups(files):
             self.file(f)
-            if self._bounds is not None:
-                mine = docs if sel is None else docs[sel]
-                lo, length = self._bounds(f, mine - self._starts[f])
-                self._located[mine] = np.stack((lo, length + 1), axis=1)
 
     def gather(self, out: np.ndarray, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, dest: np.ndarray,
                tail: np.ndarray | None = None) -> None:

@@ -18,6 +18,7 @@ TARGET_TPUT_FRACTION = 0.5      # impl single-process tokens/s / raw gather toke
 TARGET_RESUME_SECONDS = 2e-3    # impl-fresh: open -> dataset -> loader -> load_state_dict -> first batch, >= 1M documents
 TARGET_CONSTRUCT_SECONDS = 2e-3  # PackedDataset(...) + len on an opened store, plan cache warm
 TARGET_MIX_TPUT_FRACTION = 0.9   # a 2- or 4-source mixture's tokens/s / one PackedDataset's (issue 10)
+TARGET_FIRST_READ_CHECKS = 0.05  # block checks of a first read / the packed iteration they guard (no shuffle), at L
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -111,6 +112,10 @@ def ratios(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
             if size in opens:
                 put(f"open impl {size}/S", _ratio(opens[size].median, opens["S"].median), "lower")
     mix_ratios(r, here, put)
+    for shuffle in ("none", "global"):
+        first = r.get(f"impl+check-first-{shuffle}")
+        if first and "check_fraction" in first.extra:
+            put(f"integrity first-read checks / iteration ({shuffle})", float(first.extra["check_fraction"]), "lower")
     b_impl, b_hf = r.get("build-impl-p2"), r.get("build-hf-map-p2")
     if b_impl and b_hf:
         put("build impl/hf-map tokens/s", _ratio(b_impl.tokens_per_s, b_hf.tokens_per_s), "higher")
@@ -149,7 +154,8 @@ def mix_ratios(r: dict[str, Row], open_row: Row | None, put: Any) -> None:
 
 # Per-figure tolerance of the regression gate (relative). Noisy figures get more room.
 TOLERANCES = {"tput": 0.30, "resume": 0.60, "open": 1.00, "build": 0.30, "packing": 0.02, "construct": 1.00,
-              "mixing": 0.60}
+              "mixing": 0.60,
+              "integrity": 1.00}
 
 
 def tolerance(name: str) -> float:
@@ -209,6 +215,15 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         out.append(("PackedDataset construction <= 2 ms (plan cache warm)",
                     ", ".join(f"{row.extra['packing']}/{row.extra['shuffle']} {row.median * 1e3:.2f} ms" for row in built),
                     "PackedDataset(store, ...) + len on an opened store", worst <= TARGET_CONSTRUCT_SECONDS))
+    first = r.get("impl+check-first-none")
+    if first and "check_fraction" in first.extra:
+        v = float(first.extra["check_fraction"])
+        note = ("check_blocks of 512 batches' token runs on a fresh store / the packed iteration of the same round "
+                "(file order)")
+        if size != "L":
+            note += f" (corpus {size}: the target is for L)"
+        out.append(("first-read block checks <= 5% of the packed iteration (L, file order)", f"{v:.1%}", note,
+                    v <= TARGET_FIRST_READ_CHECKS if size == "L" else None))
     opens = {row.extra.get("size"): row.median for row in r.values()
              if row.name.startswith("open-impl-") and row.extra.get("loader") == "impl"}
     if opens:

@@ -90,6 +90,12 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
                        str(r.extra.get("samples")), _ms(r.median), _ms(r.min)],
             note="PackedDataset(store, ...) + len on a freshly opened store: what a restarted process pays before "
                  "its first batch (no token file is read).")
+    section("Block checks (integrity)", "integrity", ["mode", "shuffle", "median", "min", "checks / iteration"],
+            lambda r: [r.extra["mode"], r.extra.get("shuffle", ""), _ms(r.median), _ms(r.min),
+                       f"{r.extra['check_fraction']:.1%}" if "check_fraction" in r.extra else "–"],
+            note="benchmarks/test_integrity.py: impl = the packed iteration of 512 batches; +check-first / "
+                 "+check-verified add check_blocks of each batch's token runs on a fresh / a verified store; "
+                 "checks / iteration is the checks' time over the rest of the same round (issue 8's figure).")
     section("Cold build (tokenize + index, 2 processes)", "build", ["loader", "documents", "tokens", "time", "tokens/s"],
             lambda r: [r.extra["loader"], str(r.extra.get("documents")), str(r.extra.get("tokens")), _ms(r.median),
                        _rate(r.tokens_per_s)])

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from impl._atomic import atomic_write_json, exchange_dirs, file_lock, fsync_dir, lock_path_for
+from impl._atomic import atomic_write_bytes, atomic_write_json, exchange_dirs, file_lock, fsync_dir, lock_path_for
 from impl.encoding import Encoder, TokenizerInfo, resolve_tokenizer
 from impl.errors import (
     ConfigError,
@@ -50,6 +50,7 @@ from impl.errors import (
 from impl.sources import Source, rechunk, resolve_source
 from impl.store import (
     BLOCK_BYTES,
+    BLOCK_TABLE,
     COLUMN,
     DEFAULT_DOCS_PER_FILE,
     FILE_TEMPLATE,
@@ -432,11 +433,30 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
     }
 
 
+def _with_block_table(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Format 3: the records' block CRCs (hex, as the file writers return them) moved into one binary table.
+
+    Why a table file: ``meta.json`` is parsed whole by every ``open``; as hex
+    it carried 8 characters per block (170 KB for a 1.3 GB store in 64 KiB
+    blocks), while the table is mapped and only the entries of the blocks a
+    process checks are read, so blocks can be small (cheap first reads)
+    without slowing ``open``. Written before ``meta.json``, which records its
+    size and sha256.
+    """
+    table = b"".join(bytes.fromhex(record.pop("block_crc32")) for record in meta["files"])
+    atomic_write_bytes(tmp / BLOCK_TABLE, table)
+    meta["layout"]["block_table"] = {"name": BLOCK_TABLE, "size": len(table),
+                                     "sha256": hashlib.sha256(table).hexdigest()}
+    return meta
+
+
 _MARKER = ".loadspec-build"
 """File a builder writes into its temporary directory first: only directories carrying it are ever cleaned up."""
 
 _TOKENIZER_FILE = ".loadspec-build.tokenizer.json"
-_STORE_ENTRY = re.compile(r"^(meta\.json|tokens-\d{5,}\.arrow|\.(meta\.json|\.loadspec-build)\..*\.tmp|\.loadspec-build.*)$")
+_STORE_ENTRY = re.compile(
+    r"^(meta\.json|blocks\.crc32|tokens-\d{5,}\.arrow|\.(meta\.json|blocks\.crc32|\.loadspec-build)\..*\.tmp|"
+    r"\.loadspec-build.*)$")
 
 
 PLANS_DIR = ".plans"
@@ -571,7 +591,7 @@ def _publish_locked(out: Path, build_key: str | None, overwrite: bool,
         trash: Path | None = None
         try:
             atomic_write_json(tmp / _MARKER, {"out": out.name, "pid": os.getpid(), "host": socket.gethostname()})
-            meta = produce(tmp)
+            meta = _with_block_table(tmp, produce(tmp))
             atomic_write_json(tmp / META_FILE, meta)
             fsync_dir(tmp)
             if out.is_dir() and not any(out.iterdir()):

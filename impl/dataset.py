@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -251,6 +252,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     def _reset_memory(self) -> None:
         self._source: TokenSource | None = None
+        self._plan_keys: dict[int, str] = {}
         self._plans: collections.OrderedDict[int, PackPlan] = collections.OrderedDict()
         self._orders: collections.OrderedDict[int, EpochOrder] = collections.OrderedDict()
 
@@ -379,12 +381,19 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     def plan_key(self, epoch: int) -> str:
         """sha256 naming epoch ``epoch``'s plan: store fingerprint, plan-relevant config fields, epoch, format."""
+        plan_epoch = self._plan_epoch(epoch)
+        key = self._plan_keys.get(plan_epoch)
+        if key is not None:
+            return key
         o = self.config.ordering
         ordering = {"kind": "sequential"} if o.kind == "sequential" else dataclasses.asdict(o)
         packing = {name: getattr(self.config.packing, name) for name in _PLAN_RELEVANT}
         payload = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "store": self.store.fingerprint,
                    "ordering": ordering, "packing": packing, "epoch": self._plan_epoch(epoch)}
-        return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+        key = self._plan_keys[plan_epoch] = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+        if len(self._plan_keys) > 64:
+            self._plan_keys.clear()
+        return key
 
     def plan_paths(self, epoch: int) -> tuple[Path, Path] | None:
         """``(npy, json sidecar)`` of epoch ``epoch``'s cached plan, or None without a cache directory."""
@@ -676,6 +685,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                             for name, value in self._batch(keys).items()})
 
 
+@functools.lru_cache(maxsize=16)
 def _npy_header(values: int) -> bytes:
     """The header ``np.save`` writes before ``values`` int64 values (a plan file is exactly that header, then the values)."""
     buf = io.BytesIO()
@@ -694,11 +704,14 @@ def _map_npy(path: Path, values: int, size: int) -> np.ndarray | None:
     header = _npy_header(values)
     if size != len(header) + 8 * values:
         return None
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY)
+    try:
         if size == len(header):
-            return np.zeros(0, dtype=np.int64) if f.read() == header else None
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if mapped[:len(header)] != header:
+            return np.zeros(0, dtype=np.int64) if os.read(fd, size + 1) == header else None
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    if len(mapped) != size or mapped[:len(header)] != header:
         return None
     return np.frombuffer(mapped, dtype=np.int64, count=values, offset=len(header))
 

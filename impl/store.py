@@ -11,56 +11,68 @@ gives every loader the same numbered documents:
 * tokens live in uncompressed Arrow IPC *file* format, so ``pa.memory_map``
   plus ``pa.ipc.open_file`` hands out numpy views of the page cache (no copy,
   no deserialisation, read-only);
-* ``meta.json`` (written last, atomically) records sizes, hashes, a CRC-32
-  per 64 KiB block of every file, where each file's buffers lie, and a
-  content fingerprint, so :meth:`TokenStore.open` can refuse a store that is
-  incomplete, truncated, edited or from a newer format, in time independent
-  of the store's size, and every reader refuses a changed block before
-  serving any of its tokens or using any of its offsets
-  (:meth:`TokenStore.check_blocks`, :meth:`TokenStore.document_bounds`).
+* ``meta.json`` (written last, atomically) records sizes, hashes, where
+  each file's buffers lie and a content fingerprint, and ``blocks.crc32`` a
+  CRC-32 per 16 KiB block of every file, so :meth:`TokenStore.open` can
+  refuse a store that is incomplete, truncated, edited or from a newer
+  format, in time independent of the store's size, and every reader refuses
+  a changed block before serving any of its tokens or using any of its
+  offsets (:meth:`TokenStore.check_blocks`, :meth:`TokenStore.document_bounds`).
 
 On-disk layout of ``out_dir``::
 
     meta.json            format name/version, counts, per-file records,
                          fingerprint, tokenizer identity, build options
+    blocks.crc32         format 3: every block's CRC-32, big-endian uint32
     tokens-00000.arrow   Arrow IPC file: one record batch, one column
     tokens-00001.arrow   ``tokens: large_list<uint16 | uint32>``; row = document,
     ...                  the list offsets (int64) are the document boundaries
 
-Format 2 (this version) adds, per file record:
+Format 3 (this version):
 
-* ``block_crc32``: the big-endian CRC-32 (``zlib.crc32``'s checksum, computed
-  at ~10 GB/s with ISA-L's: :mod:`impl._crc`) of each
-  ``layout.block_bytes`` block of the file's bytes (64 KiB since the
-  buffer layout below; stores written with 1 MiB blocks read the same, the
-  size is read from ``meta.json``), as one hex string of 8 digits a block,
-  e.g. ``"a1b2c3d4 0f0e0d0c ..."`` without the spaces
-  (``layout.block_checksum`` is ``"crc32"``); each block's 8 digits are
-  parsed when the block is checked;
-* ``buffers`` (optional): ``{"offsets": [byte, length], "values": [byte,
-  length]}``, where the document offsets (little-endian int64) and the
-  token values lie in the file (:func:`arrow_buffer_layout`, read with
-  pyarrow at build). A file is then mapped with one ``mmap`` and two
+* block checksums: the CRC-32 (``zlib.crc32``'s checksum, computed at
+  ~10 GB/s with ISA-L's: :mod:`impl._crc`) of each ``layout.block_bytes``
+  block of each file's bytes (16 KiB; ``layout.block_checksum`` is
+  ``"crc32"``), big-endian, in :data:`BLOCK_TABLE`, file after file in the
+  order of ``files`` (file ``f`` holds ``ceil(size / block_bytes)``
+  entries). ``layout.block_table`` records the table's name, size and
+  sha256: ``open`` checks its size, :meth:`TokenStore.verify` its sha256,
+  and a reader maps it on first use and reads only the entries of the
+  blocks it checks. Why a table and 16 KiB: format 2 kept the CRCs as hex in
+  ``meta.json`` (170 KB to parse on every ``open`` of a 1.3 GB store at
+  64 KiB blocks), and a fresh resume's first batch CRCs a block of offsets
+  and one of tokens for each of its ~40 documents: 16 KiB blocks cut those
+  bytes by 4 while ``open`` parses a small ``meta.json``.
+* ``buffers`` per file record: ``{"offsets": [byte, length], "values":
+  [byte, length]}``, where the document offsets (little-endian int64) and
+  the token values lie in the file (:func:`arrow_buffer_layout`, read with
+  pyarrow at build). A file is mapped with one ``mmap`` and two
   ``np.frombuffer`` views, without parsing its Arrow footer or reading a
   quick signature: every byte used is block-checked first, the Arrow
   metadata is not used, and :meth:`TokenStore.verify` compares the recorded
   layout with the one Arrow reads. A record outside the file's bounds, of
-  the wrong length or misaligned is refused as corrupt. Records without it
-  (format-2 stores written before) are mapped through Arrow after their
-  quick signature, as format 1 is.
+  the wrong length or misaligned is refused as corrupt.
 
-Format 1 stores (no block checksums) still open and read, checked by their
-quick signatures at map time and by a full :meth:`TokenStore.verify`;
-rebuilding one adds the per-block check of every read.
+Format 2 stores still open and read with the same checks: each record
+carries its block CRCs as one hex string (``block_crc32``, 8 digits a block,
+parsed per block when it is checked; 64 KiB or 1 MiB blocks, as recorded), a
+record without ``buffers`` is mapped through Arrow after its quick
+signature. Format 1 stores (no block checksums) still open and read,
+checked by their quick signatures at map time and by a full
+:meth:`TokenStore.verify`; rebuilding one adds the per-block check of every
+read.
 
-Guarantee: no reader returns a token of a format-2 file whose block changed
-since the build, and document boundaries come only from checked offsets:
-the blocks holding a document's two offsets entries are checked before they
-are read (:meth:`TokenStore.document_bounds`), all of a file's offsets blocks
+Guarantee: no reader returns a token of a format-2 or format-3 file whose
+block changed since the build, and document boundaries come only from
+checked offsets: the blocks holding a document's two offsets entries are
+checked before they are read (:meth:`TokenStore.document_bounds`,
+:meth:`TokenStore.document_bounds_batch`), all of a file's offsets blocks
 before whole-file uses (``doc_offsets``, ``lengths``, iteration). Each block
 is CRC'd once per store object (per process), on its first read; a block
 changed *after* this object verified it is not seen again until the store is
-opened anew (or :meth:`TokenStore.verify` runs).
+opened anew (or :meth:`TokenStore.verify` runs). A changed entry of the
+block table refuses its block (never accepts a changed one, barring a
+CRC collision).
 
 Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
 the split depends only on the document count, never on ``num_proc``, so the
@@ -106,6 +118,7 @@ from impl.errors import (
 
 __all__ = [
     "BLOCK_BYTES",
+    "BLOCK_TABLE",
     "DEFAULT_DOCS_PER_FILE",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -124,9 +137,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "loadspec.tokenstore"
-FORMAT_VERSION = 2
-#: Versions this loadspec opens: 1 (no block checksums) and 2.
-READABLE_FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: Versions this loadspec opens: 1 (no block checksums), 2 (block CRCs as hex in meta.json) and 3 (a binary table).
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 META_FILE = "meta.json"
 COLUMN = "tokens"
 FILE_TEMPLATE = "tokens-{:05d}.arrow"
@@ -135,8 +148,10 @@ FILE_TEMPLATE = "tokens-{:05d}.arrow"
 DEFAULT_DOCS_PER_FILE = 65536
 #: Bytes hashed at each end of a file by the open-time quick signature.
 QUICK_SIGNATURE_BYTES = 64 * 1024
-#: Bytes of a token file covered by one CRC-32 in format 2 (the last block may be shorter).
-BLOCK_BYTES = 64 * 1024
+#: Bytes of a token file covered by one CRC-32 in the stores this version writes (the last block may be shorter).
+BLOCK_BYTES = 16 * 1024
+#: Format 3: the file holding every token file's block CRC-32s, big-endian uint32, file after file.
+BLOCK_TABLE = "blocks.crc32"
 _UINT16_LIMIT = 1 << 16
 _READ_CHUNK = 1 << 20
 _OFFSET_BYTES = 8
@@ -428,10 +443,16 @@ def _validate_meta(root: Path, meta: Any) -> None:
         problems.append("fingerprint")
     if not isinstance(meta.get("tokenizer"), dict):
         problems.append("tokenizer")
+    layout: dict[str, Any] = meta["layout"] if isinstance(meta.get("layout"), dict) else {}
     if version >= 2:
-        block = meta.get("layout", {}).get("block_bytes") if isinstance(meta.get("layout"), dict) else None
+        block = layout.get("block_bytes")
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             problems.append(f"layout.block_bytes {block!r}")
+    if version >= 3:
+        table = layout.get("block_table")
+        if not (isinstance(table, dict) and table.get("name") == BLOCK_TABLE and isinstance(table.get("sha256"), str)
+                and isinstance(table.get("size"), int) and not isinstance(table.get("size"), bool)):
+            problems.append(f"layout.block_table {table!r}")
     if problems:
         raise StoreCorruptError(f"{root / META_FILE}: invalid {', '.join(problems)}; {REBUILD_HINT}")
 
@@ -451,21 +472,25 @@ class _Blocks:
     ``verified`` holds one byte per block (1: verified), a ``bytearray`` so
     that "is any block of ``[a, b]`` unverified" is one C-level
     ``verified.find(0, a, b + 1)``; ``verified_np`` is the same memory as a
-    numpy bool array for the vectorised paths. ``hex`` is the file's
-    ``block_crc32`` string, each block's 8 digits parsed when it is checked.
+    numpy bool array for the vectorised paths. ``recorded`` is the file's
+    slice of the block table (format 3); else ``hex`` is the file's
+    ``block_crc32`` string (format 2), each block's 8 digits parsed when it
+    is checked.
     """
 
     __slots__ = ("base", "block", "complete", "count", "data", "hex", "itemsize", "lock", "offsets_at",
-                 "offsets_done", "size", "verified", "verified_np")
+                 "offsets_done", "recorded", "size", "verified", "verified_np")
 
-    def __init__(self, data: memoryview, base: int, itemsize: int, block: int, crc_hex: str, offsets_at: int) -> None:
+    def __init__(self, data: memoryview, base: int, itemsize: int, block: int, crc_hex: str, offsets_at: int,
+                 recorded: np.ndarray | None = None) -> None:
         self.data = data
         self.size = len(data)
         self.base = base
         self.itemsize = itemsize
         self.block = block
         self.hex = crc_hex
-        self.count = len(crc_hex) // 8
+        self.recorded = recorded
+        self.count = len(crc_hex) // 8 if recorded is None else len(recorded)
         self.offsets_at = offsets_at
         self.verified = bytearray(self.count)
         self.verified_np = np.frombuffer(self.verified, dtype=np.bool_)
@@ -556,8 +581,14 @@ class TokenStore:
             raise StoreCorruptError(f"{path / META_FILE}: two file records name the same file; {REBUILD_HINT}")
         for rec in self._records:
             self._check_file(rec, content=False)
-            if self._version >= 2:
+            if self._version == 2:
                 self._check_record_blocks(rec)
+        #: Format 3: file f's CRCs are entries ``_table_at[f]:_table_at[f + 1]`` of the block table (mapped on first use).
+        self._table_at: list[int] = []
+        self._table: np.ndarray | None = None
+        if self._version >= 3:
+            self._table_at = [0, *itertools.accumulate(-(-r.size // self._block_bytes) for r in self._records)]
+            self._check_table_size(meta["layout"]["block_table"])
         self._map_lock = threading.Lock()
         self._closed = False
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
@@ -671,10 +702,60 @@ class TokenStore:
         return values, offsets
 
     def _new_blocks(self, rec: FileRecord, data: memoryview, values_at: int, offsets_at: int) -> _Blocks:
-        return _Blocks(data, values_at, self._dtype.itemsize, self._block_bytes, rec.block_crc32 or "", offsets_at)
+        recorded = None
+        if self._version >= 3:
+            f = self._file_index[rec.name]
+            recorded = self._block_table()[self._table_at[f]:self._table_at[f + 1]]
+        return _Blocks(data, values_at, self._dtype.itemsize, self._block_bytes, rec.block_crc32 or "", offsets_at,
+                       recorded)
+
+    def _table_where(self) -> str:
+        return f"token store {self._path}: {BLOCK_TABLE}"
+
+    def _check_table_size(self, table: Mapping[str, Any]) -> None:
+        """Format 3 at open: the block table exists and holds one 4-byte CRC per block of the recorded file sizes."""
+        expected = 4 * self._table_at[-1]
+        if table["size"] != expected:
+            raise StoreCorruptError(
+                f"{self._path / META_FILE}: layout.block_table records {table['size']} bytes, but its files' "
+                f"{self._table_at[-1]} blocks of {self._block_bytes} bytes need {expected}; {REBUILD_HINT}"
+            )
+        try:
+            size = os.stat(f"{self._root}/{BLOCK_TABLE}").st_size
+        except FileNotFoundError:
+            raise StoreCorruptError(f"{self._table_where()} is missing; {REBUILD_HINT}") from None
+        if size != expected:
+            raise StoreCorruptError(
+                f"{self._table_where()} {'is truncated' if size < expected else 'changed since it was built'} "
+                f"({size} bytes, {expected} when built); {REBUILD_HINT}"
+            )
+
+    def _block_table(self) -> np.ndarray:
+        """Format 3: every block's recorded CRC-32 (big-endian uint32), one read-only mapping of :data:`BLOCK_TABLE`."""
+        if self._table is None:
+            expected = 4 * self._table_at[-1]
+            try:
+                fd = os.open(f"{self._root}/{BLOCK_TABLE}", os.O_RDONLY)
+                try:
+                    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if expected else b""
+                finally:
+                    os.close(fd)
+            except FileNotFoundError:
+                raise StoreCorruptError(f"{self._table_where()} is missing; {REBUILD_HINT}") from None
+            except (OSError, ValueError) as exc:
+                raise StoreCorruptError(f"{self._table_where()} could not be mapped ({exc}); {REBUILD_HINT}") from exc
+            if len(mm) != expected:
+                raise StoreCorruptError(
+                    f"{self._table_where()} changed since it was built ({len(mm)} bytes, {expected} when built); "
+                    f"{REBUILD_HINT}"
+                )
+            self._table = np.frombuffer(mm, dtype=">u4")
+        return self._table
 
     def _recorded_crc(self, rec: FileRecord, blocks: _Blocks, b: int) -> int:
-        """Block ``b``'s CRC-32 as recorded (its 8 hex digits parsed now: a file's first map parses none)."""
+        """Block ``b``'s CRC-32 as recorded: from the block table (format 3), else its 8 hex digits parsed now."""
+        if blocks.recorded is not None:
+            return int(blocks.recorded.item(b))
         try:
             raw = bytes.fromhex(blocks.hex[8 * b:8 * b + 8])
         except ValueError:
@@ -1242,25 +1323,28 @@ class TokenStore:
         values must call this first**, for the ranges it is about to copy:
         every reader of this class does, and a reader working on the raw
         mapped views (``store._part(f)``, the packing fill path) must too. A
-        format-2 file's bytes are covered by one CRC-32 per
-        :data:`BLOCK_BYTES` block; a block is CRC'd from the mapping on its
-        first read by this store object and remembered in a per-file bitmap,
-        so a range in verified blocks costs a few numpy operations, and a file
-        whose blocks are all verified costs one list index and one attribute
-        test (the first lines below: keep that path short). A block that
-        changed since the build raises :class:`StoreCorruptError` naming the
-        store, the file, the block and its bytes, and the fix.
+        format-2/3 file's bytes are covered by one CRC-32 per block
+        (:data:`BLOCK_BYTES`, 16 KiB, in stores this version writes); a
+        block is CRC'd from the mapping on its first read by this store
+        object and remembered in a per-file bitmap, so a range in verified
+        blocks costs a ``bytearray.find``, and a file whose blocks are all
+        verified costs one list index and one attribute test (the first lines
+        below: keep that path short). A block that changed since the build
+        raises :class:`StoreCorruptError` naming the store, the file, the
+        block and its bytes, and the fix.
 
         Why blocks of the file's bytes (not of the token values): one scheme
         covers values, offsets and Arrow metadata alike, and the build
-        computes it in the same read as the file's sha256. Why 64 KiB: a
+        computes it in the same read as the file's sha256. Why 16 KiB: a
         fresh resume's first batch reads ~40 documents in ~40 different
         blocks of values and ~40 of offsets; at 1 MiB (~0.25 ms of CRC each)
-        that was most of its cost, at 64 KiB it is ~16 us each, for 8 hex
-        digits of ``meta.json`` per 64 KiB (~170 KB for a 1.3 GB store,
-        parsed per file at its first map). A document's offsets are checked
-        per entry by :meth:`document_bounds`. Format-1 files have no block
-        checksums: for them this only maps the file (quick signature).
+        that was most of its cost, at 64 KiB ~14 us each (CRC and first-touch
+        page faults), at 16 KiB ~4 us; a sequential first read pays ~1 us of
+        Python per block more than at 64 KiB. Up to :data:`_SMALL` ranges are
+        walked in Python (a numpy pipeline costs more than it saves there).
+        A document's offsets are checked per entry by
+        :meth:`document_bounds`. Format-1 files have no block checksums: for
+        them this only maps the file (quick signature).
 
         Thread-safe: concurrent readers may check the same block; each block
         is CRC'd once under its file's lock.
@@ -1354,6 +1438,14 @@ class TokenStore:
                 f"the one recomputed from its file records and options ({expected[:16]}...): {META_FILE} was "
                 f"edited; {REBUILD_HINT}"
             )
+        if self._version >= 3:
+            table = self._meta["layout"]["block_table"]
+            digest = sha256_file(self._path / BLOCK_TABLE)
+            if digest != table["sha256"]:
+                raise StoreCorruptError(
+                    f"{self._table_where()} changed since it was built (sha256 {digest[:16]}..., recorded "
+                    f"{str(table['sha256'])[:16]}...): the block checks cannot be trusted; {REBUILD_HINT}"
+                )
         for f, rec in enumerate(self._records):
             self._map(f)
             blocks = self._blocks[f]
@@ -1410,6 +1502,7 @@ class TokenStore:
             self._blocks = [None] * len(self._records)
             self._doc_offsets = None
             self._lengths = None
+            self._table = None
 
     def __reduce__(self) -> tuple[Any, tuple[str, str]]:
         # Processes (e.g. DataLoader workers under spawn) get the path and fingerprint,

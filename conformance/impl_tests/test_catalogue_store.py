@@ -109,6 +109,22 @@ def _verify(root: Path) -> None:
     TokenStore.open(root).verify()
 
 
+def _format_2(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """The store rewritten as format 2 recorded it (block CRCs as hex in each record, no table), then ``change``d."""
+    def damage(root: Path) -> None:
+        meta = json.loads((root / "meta.json").read_text())
+        table, at = (root / "blocks.crc32").read_bytes(), 0
+        for record in meta["files"]:
+            n = -(-record["size"] // meta["layout"]["block_bytes"])
+            record["block_crc32"], at = table[4 * at:4 * (at + n)].hex(), at + n
+        del meta["layout"]["block_table"]
+        meta["format_version"] = 2
+        (root / "blocks.crc32").unlink()
+        change(meta)
+        (root / "meta.json").write_text(json.dumps(meta))
+    return damage
+
+
 def _drop_block_crcs(meta: dict[str, Any]) -> None:
     del meta["files"][0]["block_crc32"]
 
@@ -116,6 +132,15 @@ def _drop_block_crcs(meta: dict[str, Any]) -> None:
 def _garble_block_crcs(meta: dict[str, Any]) -> None:
     record = meta["files"][0]
     record["block_crc32"] = "zz" + record["block_crc32"][2:]
+
+
+def _truncate_table(root: Path) -> None:
+    table = root / "blocks.crc32"
+    table.write_bytes(table.read_bytes()[:-4])
+
+
+def _edit_table(root: Path) -> None:
+    _flip(root / "blocks.crc32", 1)
 
 
 def _name_outside(meta: dict[str, Any]) -> None:
@@ -150,10 +175,20 @@ CASES = [
          problem=r"per-file counts \(\d+ documents, \d+ tokens\) disagree with the totals"),
     Case(id="record naming a file outside the store", damage=_edit_meta(_name_outside), use=_open,
          error=StoreCorruptError, problem=r"file \.\./tokens-00000\.arrow: invalid file name in meta\.json"),
-    Case(id="block checksums missing from a format-2 record", damage=_edit_meta(_drop_block_crcs), use=_open,
+    Case(id="block checksums missing from a format-2 record", damage=_format_2(_drop_block_crcs), use=_open,
          error=StoreCorruptError, problem=r"tokens-00000\.arrow: meta\.json records none, expected \d+"),
-    Case(id="block checksums not hexadecimal", damage=_edit_meta(_garble_block_crcs), use=_read_all,
-         error=StoreCorruptError, problem=r"tokens-00000\.arrow: its block_crc32 in meta\.json is not hexadecimal"),
+    Case(id="block checksums of a format-2 record not hexadecimal", damage=_format_2(_garble_block_crcs),
+         use=_read_all, error=StoreCorruptError,
+         problem=r"tokens-00000\.arrow: its block_crc32 in meta\.json is not hexadecimal"),
+    Case(id="block table missing", damage=lambda root: (root / "blocks.crc32").unlink(), use=_open,
+         error=StoreCorruptError, problem=r"blocks\.crc32 is missing"),
+    Case(id="block table truncated", damage=_truncate_table, use=_open, error=StoreCorruptError,
+         problem=r"blocks\.crc32 is truncated \(\d+ bytes, \d+ when built\)"),
+    Case(id="block table edited", damage=_edit_table, use=_verify, error=StoreCorruptError,
+         problem=r"blocks\.crc32 changed since it was built \(sha256 [0-9a-f]{16}\.\.\., recorded"),
+    Case(id="block table size in meta.json wrong", damage=_edit_meta(lambda m: m["layout"]["block_table"].update(
+        size=8)), use=_open, error=StoreCorruptError,
+         problem=r"layout\.block_table records 8 bytes, but its files' \d+ blocks of 4096 bytes need \d+"),
     Case(id="block size missing", damage=_edit_meta(lambda meta: meta["layout"].pop("block_bytes")), use=_open,
          error=StoreCorruptError, problem=r"invalid layout\.block_bytes None"),
     Case(id="fingerprint edited", damage=_set("fingerprint", "f" * 64), use=_verify, error=StoreCorruptError,

@@ -11,6 +11,7 @@ concatenation, the file bytes on disk).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import multiprocessing
 import os
@@ -496,7 +497,7 @@ def test_open_reads_metadata_only_and_no_token_file(big_store_dir, monkeypatch):
     assert store.num_files >= 1
 
 
-def test_first_read_of_a_format_2_file_maps_its_recorded_buffers_without_signature_arrow_parse_or_full_hash(
+def test_first_read_of_a_format_3_file_maps_its_recorded_buffers_without_signature_arrow_parse_or_full_hash(
         big_store_dir, monkeypatch):
     def refuse(what):
         return lambda *args, **kwargs: pytest.fail(f"the first read called {what}")
@@ -507,7 +508,7 @@ def test_first_read_of_a_format_2_file_maps_its_recorded_buffers_without_signatu
     monkeypatch.setattr(store_module, "sha256_file", refuse("sha256_file"))
     store = TokenStore.open(big_store_dir)
     assert [store[d].tolist() for d in (0, 1, 57)] == expected
-    assert store[0].size > 0 and store.format_version == 2
+    assert store[0].size > 0 and store.format_version == 3
 
 
 def test_a_mid_file_edit_passes_open_but_fails_verify(big_store_copy):
@@ -545,9 +546,9 @@ def test_a_same_size_edit_within_the_first_64_kib_is_refused_as_changed(big_stor
     assert path.stat().st_size == size
     store = TokenStore.open(big_store_copy)  # the size matches: open cannot tell, the first read does
     with pytest.raises(StoreCorruptError, match=rf"{path.name} changed since it was built.*rebuild"):
-        store[0]
+        store.read(0, store.num_tokens)
     with pytest.raises(StoreCorruptError, match=rf"{path.name} changed since it was built"):
-        store.read(0, 1)  # refused again: a failed check never leaves the file mapped
+        store.read(0, store.num_tokens)  # refused again: a failed check never counts as verified
 
 
 def test_a_missing_token_file_is_refused_as_corrupt(tmp_path, small_store):
@@ -733,8 +734,12 @@ def test_a_non_store_directory_in_the_way_is_refused_even_with_overwrite(tmp_pat
 
 def test_meta_json_records_counts_hashes_and_tokenizer_identity(small_store, tok, docs):
     meta = small_store.meta
-    assert meta["format"] == "loadspec.tokenstore" and meta["format_version"] == 2
+    assert meta["format"] == "loadspec.tokenstore" and meta["format_version"] == 3
     assert meta["layout"]["block_bytes"] == store_module.BLOCK_BYTES and meta["layout"]["block_checksum"] == "crc32"
+    table = (small_store.path / "blocks.crc32").read_bytes()
+    assert meta["layout"]["block_table"] == {"name": "blocks.crc32", "size": len(table),
+                                             "sha256": hashlib.sha256(table).hexdigest()}
+    crcs = []
     assert meta["num_documents"] == 40
     assert meta["num_empty_documents"] == sum(not d.split() for d in docs) >= 3
     assert meta["options"] == {"text_field": "text", "add_bos": False, "add_eos": True, "batch_size": 1000,
@@ -747,11 +752,12 @@ def test_meta_json_records_counts_hashes_and_tokenizer_identity(small_store, tok
         assert record["quick_signature"] == store_module.quick_signature(path)
         data = path.read_bytes()  # an independent oracle: zlib over plain slices of the file
         block = store_module.BLOCK_BYTES
-        assert record["block_crc32"] == "".join(f"{zlib.crc32(data[a:a + block]):08x}"
-                                                for a in range(0, len(data), block))
+        crcs += [zlib.crc32(data[a:a + block]).to_bytes(4, "big") for a in range(0, len(data), block)]
+        assert "block_crc32" not in record
         with pa.memory_map(str(path)) as mm:  # uncompressed Arrow IPC *file* with one list column
             column = pa.ipc.open_file(mm).get_batch(0).column(0)
         assert column.type == pa.large_list(pa.uint16()) and len(column) == record["num_documents"]
+    assert table == b"".join(crcs)  # the block table: every file's CRCs, file after file
 
 
 def test_build_options_are_a_frozen_keyword_only_dataclass_that_validates(tmp_path, tok):

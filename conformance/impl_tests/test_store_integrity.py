@@ -105,7 +105,7 @@ def four(tmp_path, four_files) -> Path:
 
 @pytest.fixture(scope="module")
 def large_file(tmp_path_factory) -> Path:
-    """One ~3 MB file with the default 1 MiB blocks: the configuration users get."""
+    """One ~3 MB file with the default blocks (BLOCK_BYTES): the configuration users get."""
     return _build(tmp_path_factory.mktemp("large") / "store", _documents(2, 1, 300, 3000, 7000), block=None)
 
 
@@ -206,7 +206,7 @@ def test_each_block_is_crcd_once_per_store_object_however_often_and_however_it_i
     counting = _CountingCrc()
     monkeypatch.setattr(store_module, "crc32", counting)
     store = TokenStore.open(four)
-    total_blocks = sum(len(r["block_crc32"]) // 8 for r in store.meta["files"])
+    total_blocks = (four / "blocks.crc32").stat().st_size // 4
     list(store)
     assert counting.calls == total_blocks  # every block holds tokens or offsets: all read, each once
     store.gather(np.arange(len(store)))
@@ -223,7 +223,7 @@ def test_concurrent_readers_crc_each_block_once_and_all_get_the_right_tokens(fou
     counting = _CountingCrc()
     monkeypatch.setattr(store_module, "crc32", counting)
     store = TokenStore.open(four)
-    total_blocks = sum(len(r["block_crc32"]) // 8 for r in store.meta["files"])
+    total_blocks = (four / "blocks.crc32").stat().st_size // 4
     order = np.random.default_rng(0).permutation(len(store)).tolist()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda d: (d, store[d].tolist()), order * 2))
@@ -363,20 +363,93 @@ def test_after_close_metadata_stays_readable_old_views_stay_valid_and_a_pickle_r
     assert pickle.loads(pickle.dumps(store))[0].tolist() == tokens
 
 
-# --------------------------------------------------------------------------- format 1
+# --------------------------------------------------------------------------- formats 1 and 2
+
+
+def _refingerprint(meta: dict, version: int) -> None:
+    meta["format_version"] = version
+    meta["fingerprint"] = store_module._content_fingerprint(
+        [r["sha256"] for r in meta["files"]], meta["dtype"], meta["tokenizer"]["sha256"],
+        meta["options"]["add_bos"], meta["options"]["add_eos"], format_version=version)
 
 
 def _as_format_1(path: Path) -> None:
     """Rewrite a store's meta.json exactly as format 1 recorded it: no block checksums, version 1 in the fingerprint."""
     meta = json.loads((path / "meta.json").read_text())
     for record in meta["files"]:
-        del record["block_crc32"], record["buffers"]
-    del meta["layout"]["block_bytes"], meta["layout"]["block_checksum"]
-    meta["format_version"] = 1
-    meta["fingerprint"] = store_module._content_fingerprint(
-        [r["sha256"] for r in meta["files"]], meta["dtype"], meta["tokenizer"]["sha256"],
-        meta["options"]["add_bos"], meta["options"]["add_eos"], format_version=1)
+        del record["buffers"]
+    del meta["layout"]["block_bytes"], meta["layout"]["block_checksum"], meta["layout"]["block_table"]
+    (path / "blocks.crc32").unlink()
+    _refingerprint(meta, 1)
     (path / "meta.json").write_text(json.dumps(meta))
+
+
+def _as_format_2(path: Path) -> None:
+    """Rewrite a store as format 2 wrote it: each record's block CRCs as hex in meta.json, no block table file."""
+    meta = json.loads((path / "meta.json").read_text())
+    table = (path / "blocks.crc32").read_bytes()
+    block, at = meta["layout"]["block_bytes"], 0
+    for record in meta["files"]:
+        n = -(-record["size"] // block)
+        record["block_crc32"] = table[4 * at:4 * (at + n)].hex()
+        at += n
+    assert 4 * at == len(table)
+    del meta["layout"]["block_table"]
+    (path / "blocks.crc32").unlink()
+    _refingerprint(meta, 2)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_format_2_store_opens_reads_the_same_tokens_checks_each_block_once_and_verifies(four, monkeypatch):
+    expected = [d.tolist() for d in TokenStore.open(four)]
+    _as_format_2(four)
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = TokenStore.open(four)
+        assert store.format_version == 2
+        assert [d.tolist() for d in store] == expected
+        blocks = sum(len(r["block_crc32"]) // 8 for r in store.meta["files"])
+        assert counting.calls == blocks
+        tokens, _ = store.gather(np.arange(len(store)))
+        assert tokens.tolist() == [t for doc in expected for t in doc] and counting.calls == blocks
+        TokenStore.open(four, verify=True)
+
+
+def test_a_format_2_store_with_a_changed_middle_byte_is_refused_on_first_read_naming_the_block(four):
+    _as_format_2(four)
+    path = four / "tokens-00002.arrow"
+    at, token = _middle_value_byte(path)
+    _flip(path, at)
+    store = TokenStore.open(four)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        store[_doc_holding(store, 2, token)]
+
+
+@pytest.mark.parametrize("change", ["truncate", "delete"])
+def test_a_truncated_or_missing_block_table_is_refused_at_open_naming_it(four, change):
+    table = four / "blocks.crc32"
+    if change == "truncate":
+        table.write_bytes(table.read_bytes()[:-4])
+    else:
+        table.unlink()
+    message = r"blocks\.crc32 is truncated \(\d+ bytes, \d+ when built\)" if change == "truncate" else \
+        r"blocks\.crc32 is missing"
+    with pytest.raises(StoreCorruptError, match=message + r".*rebuild it with"):
+        TokenStore.open(four)
+
+
+def test_a_changed_entry_of_the_block_table_refuses_its_block_on_read_and_verify_names_the_table(four):
+    table = four / "blocks.crc32"
+    data = bytearray(table.read_bytes())
+    data[1] ^= 0x01  # the first block of tokens-00000.arrow: its Arrow header and offsets
+    table.write_bytes(bytes(data))
+    store = TokenStore.open(four)
+    with pytest.raises(StoreCorruptError, match=r"tokens-00000\.arrow changed since it was built: block 0 "):
+        store[0]
+    with pytest.raises(StoreCorruptError, match=r"blocks\.crc32 changed since it was built \(sha256"):
+        TokenStore.open(four).verify()
 
 
 def test_a_format_1_store_opens_without_warnings_reads_the_same_tokens_and_verifies(four):

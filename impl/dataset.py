@@ -69,6 +69,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from impl._arrays import distinct
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl._crc import crc32
 from impl.collation import SampleBatch, batch_cu_seqlens
@@ -763,7 +764,7 @@ def _distinct(values: np.ndarray) -> list[int]:
     first = int(values[0])
     if not (values != first).any():
         return [first]
-    return [int(v) for v in np.unique(values)]
+    return [int(v) for v in distinct(values)]
 
 
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:

@@ -67,6 +67,7 @@ Worked example (a training loop that checkpoints, and a restart on 3 ranks)::
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import traceback
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -81,6 +82,10 @@ from impl.errors import ConfigError, StateError, TopologyError, is_int, require
 from impl.partition import ElasticSampler, advance, steps_in_epoch
 from reference.partition import PartitionConfig
 from reference.resume import make_state, validate_state
+
+with contextlib.suppress(ImportError):
+    # torch's DataLoader imports this on its first batch (~1 ms): a restarted job's first batch should not pay it.
+    import torch.profiler._cupti_monitor
 
 __all__ = ["ElasticLoader", "build_dataloader"]
 

@@ -51,6 +51,7 @@ import torch
 from torch.utils.data import Dataset
 
 from impl import rng
+from impl._arrays import distinct
 from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.dataset import PackedDataset, SampleKey, _distinct
 from impl.errors import ConfigError, is_integer, require
@@ -740,12 +741,12 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         local = np.full(n, -1, dtype=_I64)
         out: dict[str, Any] = {}
         pad = indices == PADDING
-        for epoch in np.unique(epochs[~pad]).tolist():
+        for epoch in distinct(epochs[~pad]).tolist():
             rows = np.flatnonzero(~pad & (epochs == epoch))
             plan = self.plan(epoch)
             source[rows] = plan.source[indices[rows]]
             local[rows] = plan.item[indices[rows]]
-            for s in np.unique(source[rows]).tolist():
+            for s in distinct(source[rows]).tolist():
                 mine = rows[source[rows] == s]
                 part = self._fetch(s, epoch, local[mine])
                 for name in self._shape:

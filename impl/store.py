@@ -104,6 +104,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from impl._arrays import distinct
 from impl._crc import crc32
 from impl.encoding import TokenizerInfo
 from impl.errors import (
@@ -939,7 +940,7 @@ class TokenStore:
         if fl.size > _SMALL:
             starts = np.empty(fl.size, dtype=np.int64)
             lengths = np.empty(fl.size, dtype=np.int64)
-            for f in np.unique(fl).tolist():
+            for f in distinct(fl).tolist():
                 mine = fl == f
                 starts[mine], lengths[mine] = self.document_bounds(f, dl[mine])
             return starts, lengths
@@ -1301,14 +1302,14 @@ class TokenStore:
             return self._values[0][positions], out_offsets
         fds = np.asarray(self._file_doc_starts, dtype=np.int64)
         doc_file = np.searchsorted(fds, docs, side="right") - 1
-        for f in np.unique(doc_file).tolist():
+        for f in distinct(doc_file).tolist():
             mine = doc_file == f
             local = starts[mine] - self._file_token_starts[f]
             self.check_blocks(f, local, local + lens[mine])
         out = np.empty(total, dtype=self._dtype)
         fts = np.asarray(self._file_token_starts, dtype=np.int64)
         file_of = np.searchsorted(fts, positions, side="right") - 1
-        for f in np.unique(file_of):
+        for f in distinct(file_of):
             mask = file_of == f
             out[mask] = self._values[int(f)][positions[mask] - fts[f]]
         return out, out_offsets
@@ -1390,7 +1391,9 @@ class TokenStore:
         if blocks.verified.find(0, first, last + 1) < 0:
             return
         todo: list[int] = []
-        if small:
+        if small and sum(hi_list) - sum(lo_list) >= last_tok - first_tok:
+            blocks.unverified(first, last, todo)  # the runs cover the span (e.g. one sample's pieces in file order)
+        elif small:
             for a, b in zip(lo_list, hi_list):
                 if b > a:
                     blocks.unverified((base + a * item) // block, (base + b * item - 1) // block, todo)

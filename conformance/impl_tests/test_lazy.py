@@ -179,3 +179,36 @@ def test_every_token_copied_into_a_batch_was_handed_to_check_blocks_first_once_p
         covered = {(f, t) for f, a, b in calls for x, y in zip(a.tolist(), b.tolist()) for t in range(x, y)}
         missing = [ft for ft in copied_tokens(ds.store, batch, ds.config.packing.add_bos) if ft not in covered]
         assert_equal(missing, [], clause="PACK-20", what=f"{mode}/{edges} tokens copied without a check, rows {rows}")
+
+
+# ------------------------------------------------------------------ a restarted process's first batch
+
+_FIRST_BATCH_IMPORTS = """
+import json, sys
+from impl.dataset import PackedDataset
+from impl.loader import build_dataloader
+store, state = sys.argv[1], json.loads(sys.argv[2])
+ds = PackedDataset(store, seq_len=8, packing="concat", shuffle="global", cache_dir=sys.argv[3])
+loader = build_dataloader(ds, batch_size=2, rank=0, world_size=1)
+before = set(sys.modules)
+loader.load_state_dict(state)
+next(iter(loader))
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_fresh_process_resume_imports_no_module_inside_its_first_batch(store_dir, tmp_path):
+    """A module imported on the first batch is paid inside a restarted job's resume (np.unique's numpy.ma: 10-20 ms)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    ds = PackedDataset(TokenStore.open(store_dir), seq_len=8, packing="concat", shuffle="global", cache_dir=tmp_path)
+    state = make_state(build_dataloader(ds, batch_size=2, rank=0, world_size=1).fingerprint, 0, 4)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _FIRST_BATCH_IMPORTS, str(store_dir), json.dumps(state), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+    imported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert imported == [], f"the first batch after a resume imported {imported}"

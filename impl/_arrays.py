@@ -1,0 +1,30 @@
+"""``distinct``: ``np.unique`` for the hot paths, without its first-call import of ``numpy.ma``.
+
+Why: ``np.unique`` imports ``numpy.ma`` the first time it runs in a process
+(10-20 ms here), so a freshly spawned rank paid it inside its first batch:
+the demo's ``resume_ms_max_over_ranks`` went from 5 ms to 19.5 ms when the
+first batch's path started calling it. A sort and a comparison give the same
+distinct values.
+
+>>> distinct(np.array([3, 1, 3, 2])).tolist()
+[1, 2, 3]
+>>> distinct(np.zeros(0, dtype=np.int64)).tolist()
+[]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["distinct"]
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values of a 1-d array, ascending (``np.unique(values)``)."""
+    flat = np.sort(np.asarray(values).reshape(-1))
+    if len(flat) < 2:
+        return flat
+    keep = np.empty(len(flat), dtype=bool)
+    keep[0] = True
+    np.not_equal(flat[1:], flat[:-1], out=keep[1:])
+    return flat[keep]

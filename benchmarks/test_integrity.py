@@ -29,6 +29,17 @@ yet verified):
   ``files-map-lazy``: mapping only (``store._map``), what a batch pays per
   file before it checks the few offsets and token blocks it reads.
 
+``impl-first-vs-verified``: what a first read really adds, in the loader's
+own fill path: each round iterates the batches twice, alternately, on a new
+dataset over a new store object whose blocks are all unverified (every check
+a first read: CRCs plus the bookkeeping of a first read) and on one whose
+blocks were all verified before (untimed); both locate every document anew.
+``extra_info["first_read_overhead"]`` is the median over rounds of
+first / verified - 1: issue 8's figure (target <= 5 % at L in file order).
+``check_fraction`` of ``impl+check-*`` is an upper bound of it: a second,
+separate ``check_blocks`` call per file per batch, on cold caches, on top of
+the fill path's own.
+
 The batches' token runs come from ``harness.sample_runs`` (untimed); the
 iteration runs the epoch's first ``TPUT_TOKENS`` tokens like
 ``test_throughput``.
@@ -56,6 +67,8 @@ class Integrity:
 
 
 INTEGRITIES = (
+    Integrity("impl-first-vs-verified", "none"),
+    Integrity("impl-first-vs-verified", "global"),
     Integrity("impl", "none"),
     Integrity("impl+check-first", "none"),
     Integrity("impl+check-verified", "none"),
@@ -120,6 +133,43 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, impl
     counted: dict = {"tokens": 0, "batches": 0}
     fractions: list[float] = []
     held: dict = {}
+
+    if w.mode == "impl-first-vs-verified":
+        from impl.dataset import PackedDataset
+
+        ds0 = impl_datasets(w.shuffle)
+        n = len(batch_groups(w.shuffle))
+        state0 = harness.impl_state(harness.impl_loader(ds0, batch_size=TPUT_BATCH), 0)
+        pairs: list[tuple[float, float]] = []
+
+        def iterate(verified: bool) -> tuple[float, int]:
+            store = _verified(corpus) if verified else TokenStore.open(corpus.store())
+            ds = PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle=w.shuffle, seed=0)
+            loader = harness.impl_loader(ds, batch_size=TPUT_BATCH, num_workers=0)
+            loader.load_state_dict(state0)
+            it = iter(loader)
+            next(it)
+            tokens = 0
+            start = time.perf_counter()
+            for _ in range(n):
+                tokens += harness.batch_tokens(next(it))
+            return time.perf_counter() - start, tokens
+
+        def target():
+            first, tokens = iterate(False)
+            verified, _ = iterate(True)
+            pairs.append((first, verified))
+            counted.update(tokens=tokens, batches=n)
+
+        benchmark.extra_info.update(kind="integrity", mode=w.mode, shuffle=w.shuffle, size=corpus.size,
+                                    seq_len=SEQ_LEN, cache="warm")
+        benchmark.pedantic(target, rounds=1 if smoke else 5)
+        first_s = float(np.median([a for a, _ in pairs]))
+        verified_s = float(np.median([b for _, b in pairs]))
+        benchmark.extra_info.update(tokens=counted["tokens"], batches=n, first_ms=1e3 * first_s,
+                                    verified_ms=1e3 * verified_s,
+                                    first_read_overhead=float(np.median([a / b - 1 for a, b in pairs])))
+        return
 
     if w.mode.startswith("files-"):
         def setup():

@@ -900,7 +900,11 @@ class TokenStore:
         if blocks is not None and not blocks.offsets_done and local.size:
             at0, block = blocks.offsets_at, blocks.block
             todo: list[int] = []
-            if local.size <= _SMALL:
+            first_doc, last_doc = int(local.min()), int(local.max())
+            lo, hi = (at0 + first_doc * _OFFSET_BYTES) // block, (at0 + (last_doc + 2) * _OFFSET_BYTES - 1) // block
+            if hi - lo <= local.size:  # documents close together (file order): their entries' blocks, one span
+                blocks.unverified(lo, hi, todo)
+            elif local.size <= _SMALL:
                 for d in local.tolist():
                     at = at0 + d * _OFFSET_BYTES
                     blocks.unverified(at // block, (at + 2 * _OFFSET_BYTES - 1) // block, todo)
@@ -926,8 +930,9 @@ class TokenStore:
         files; one call that maps each file on first use and reads each
         document's two offsets entries (after the blocks holding them passed
         their CRC) costs a few microseconds a document, where a numpy
-        pipeline per file cost tens of microseconds a file. Many documents
-        go through :meth:`document_bounds` file by file.
+        pipeline per file cost tens of microseconds a file. Many documents,
+        or many per file touched (a batch in file order), go through
+        :meth:`document_bounds` file by file.
 
         >>> store.document_bounds_batch(np.array([0, 2]), np.array([3, 0]))      # doctest: +SKIP
         (array([9, 0]), array([4, 3]))
@@ -937,10 +942,13 @@ class TokenStore:
         dl = np.asarray(docs, dtype=np.int64).reshape(-1)
         if fl.shape != dl.shape:
             raise ValueError(f"files and docs differ in length ({fl.size} and {dl.size})")
-        if fl.size > _SMALL:
+        touched = distinct(fl) if fl.size > 8 else None
+        if touched is not None and (fl.size > _SMALL or fl.size >= 8 * len(touched)):
+            if len(touched) == 1:  # many documents of one file (file order): one numpy pass
+                return self.document_bounds(int(touched[0]), dl)
             starts = np.empty(fl.size, dtype=np.int64)
             lengths = np.empty(fl.size, dtype=np.int64)
-            for f in distinct(fl).tolist():
+            for f in touched.tolist():
                 mine = fl == f
                 starts[mine], lengths[mine] = self.document_bounds(f, dl[mine])
             return starts, lengths

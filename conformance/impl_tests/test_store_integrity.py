@@ -556,3 +556,22 @@ def test_a_format_2_store_without_recorded_buffers_reads_through_arrow_after_its
     assert signed == ["tokens-00003.arrow"]
     assert [d.tolist() for d in store] == expected
     store.verify()
+
+
+@pytest.mark.parametrize("picks", ["few across files", "many in one file", "many across files"])
+def test_document_bounds_batch_gives_every_documents_checked_bounds_whichever_path_it_takes(four, picks):
+    clean = TokenStore.open(four)
+    starts = clean.file_document_starts
+    rng = np.random.default_rng(3)
+    docs = {"few across files": rng.choice(len(clean), 6, replace=False),
+            "many in one file": np.arange(starts[1] + 2, starts[1] + 40),
+            "many across files": rng.choice(len(clean), 200)}[picks]
+    files = np.searchsorted(starts, docs, side="right") - 1
+    local = docs - np.asarray(starts)[files]
+    got_start, got_length = TokenStore.open(four).document_bounds_batch(files, local)
+    offsets = clean.doc_offsets
+    file_token_starts = np.array([0, *np.cumsum(clean.file_token_counts)])
+    assert got_start.tolist() == (offsets[docs] - file_token_starts[files]).tolist()
+    assert got_length.tolist() == (offsets[docs + 1] - offsets[docs]).tolist()
+    with pytest.raises(IndexError, match="out of range"):
+        clean.document_bounds_batch(np.array([0]), np.array([starts[1] - starts[0]]))

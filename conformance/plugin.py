@@ -9,13 +9,14 @@ What it adds:
 - ``--loadspec-loader module:factory`` (env ``LOADSPEC_LOADER``; default impl):
   the loader under test; the ``loadspec_adapter`` fixture returns the adapter
   it builds, and skips a test marked ``capability(...)`` the loader lacks;
+  ``loadspec_loader_spec`` is the spec itself (for the per-rank processes);
 - the kit's hypothesis budget (``conformance.budget``, chosen by
   ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` by default, ``thorough``, ``dev``),
   applied to tests inside the ``conformance`` package only;
 - ``--loadspec-xfails FILE`` / ``--loadspec-skips FILE``: one test id (or id
   prefix) per line, ``#`` comments, so a team can track its known failures
   (the array-api-tests convention);
-- markers ``clause(id, ...)``, ``capability(name, ...)`` and ``gloo``;
+- markers ``clause(id, ...)``, ``capability(name, ...)``, ``gloo`` and ``processes``;
 - a report header naming the loader under test, its version and capabilities
   (when the kit's own tests run or a loader was chosen).
 """
@@ -51,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clause(*ids): the docs/SEMANTICS.md clause(s) a test checks")
     config.addinivalue_line("markers", "capability(*names): adapter capabilities the test needs; skipped when absent")
     config.addinivalue_line("markers", "gloo: multi-process torch.distributed (gloo) test")
+    config.addinivalue_line("markers", "processes: one process per rank (conformance.ranks)")
 
 
 def loader_spec(config: pytest.Config) -> str:
@@ -94,6 +96,12 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 @pytest.fixture(scope="session")
 def _loadspec_session_adapter(request: pytest.FixtureRequest) -> Any:
     return load_adapter(loader_spec(request.config))
+
+
+@pytest.fixture(scope="session")
+def loadspec_loader_spec(request: pytest.FixtureRequest) -> str:
+    """The ``module:factory`` of the loader under test (what each rank of ``conformance.ranks`` imports)."""
+    return loader_spec(request.config)
 
 
 @pytest.fixture

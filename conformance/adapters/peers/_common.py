@@ -8,8 +8,11 @@ its state is ``{"epoch": e, "loader": <the peer's own state>}``, untouched.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from conformance.adapter import CanonicalRow
@@ -23,6 +26,28 @@ def rows_of(batch: Any, epoch: int) -> list[CanonicalRow]:
 
 def identity(batch: list[Any]) -> list[Any]:
     return batch
+
+
+@contextlib.contextmanager
+def data_dir(workdir: Path, world_size: int) -> Iterator[Path]:
+    """Where to write a peer's dataset files, held while they are written and checked.
+
+    In one process (the in-process suite) that is ``workdir``. Under the
+    per-rank harness (``conformance.ranks``) each rank is a process of one
+    node, and peers that coordinate local ranks (MosaicML's shared ``local``)
+    need the same files at the same path on every rank: ``LOADSPEC_NODE_DIR``,
+    written by whichever rank takes the lock first, as one offline
+    preparation step would.
+    """
+    node = os.environ.get("LOADSPEC_NODE_DIR")
+    if not node or world_size == 1:
+        yield Path(workdir)
+        return
+    from impl._atomic import file_lock
+
+    Path(node).mkdir(parents=True, exist_ok=True)
+    with file_lock(Path(node) / ".prepare.lock"):
+        yield Path(node)
 
 
 class EpochLoader:

@@ -4,7 +4,9 @@ LitData packs by itself (blocks of L + 1 consecutive tokens of the
 concatenated documents), so the adapter claims ``packing:chunk`` and recovers
 provenance from content: the corpus is written encoded by the kit's
 ``ProvenanceCodec`` (token k + 1 is the corpus's k-th token) and every block
-is decoded back. One rank only (``limits``); batch size and workers vary.
+is decoded back. In one process, one rank only (``limits``); batch size and
+workers vary. The per-rank harness (``conformance.ranks``) grades 2 and 3
+ranks in a process group (LitData reads the rank from it).
 """
 
 import hashlib
@@ -12,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from conformance.adapters.peers import require
-from conformance.adapters.peers._common import EpochLoader, identity
+from conformance.adapters.peers._common import EpochLoader, data_dir, identity
 from conformance.provenance import ProvenanceCodec
 
 CHUNK_TOKENS = 64
@@ -36,6 +38,7 @@ class LitDataAdapter:
     capabilities = frozenset({"resume", "workers", "shuffle:seeded", "ordering:sequential", "packing:chunk",
                               "end:drop_last"})
     limits = MappingProxyType({"max_seed": 2**31 - 1, "max_world_size": 1})
+    process_group = True
 
     def __init__(self) -> None:
         self.litdata = require("litdata")
@@ -45,11 +48,13 @@ class LitDataAdapter:
         import torch
         from litdata.streaming.item_loader import TokensLoader
         from litdata.streaming.writer import BinaryWriter
+        from litdata.utilities.env import _DistributedEnv
 
         docs = [d for f in codec.encoded_corpus() for d in f if d]
         out = Path(workdir) / "litdata" / hashlib.sha256(repr(docs).encode()).hexdigest()[:20]
         if not (out / "index.json").exists():
             writer = BinaryWriter(str(out), chunk_size=CHUNK_TOKENS, item_loader=TokensLoader())
+            writer._distributed_env = _DistributedEnv(world_size=1, global_rank=0, num_nodes=1)  # one writer, not one per rank
             for i, doc in enumerate(docs):
                 writer[i] = torch.tensor(doc, dtype=torch.int64)
             writer.done()
@@ -66,7 +71,9 @@ class LitDataAdapter:
 
         if codec.total < block:
             return EpochLoader(_Empty(), to_rows=to_rows)
-        ds = self.litdata.StreamingDataset(str(self._write(codec, Path(workdir))), drop_last=True,
+        with data_dir(Path(workdir), topology.world_size) as where:
+            data = self._write(codec, where)
+        ds = self.litdata.StreamingDataset(str(data), drop_last=True,
                                            item_loader=TokensLoader(block_size=block), seed=config.ordering.seed,
                                            shuffle=config.ordering.kind != "sequential")
         loader = self.litdata.StreamingDataLoader(ds, batch_size=topology.batch_size, drop_last=True,

@@ -1,10 +1,12 @@
 """MosaicML ``StreamingDataset`` + ``StreamingDataLoader`` over MDS written from the corpus, shuffle on and off.
 
-One rank only (``limits``): with ``WORLD_SIZE > 1`` streaming joins a real
-``torch.distributed`` group, so its ranks cannot be simulated in one process;
-batch-size and worker changes at a checkpoint are graded. Each build gets its
-own copy of the MDS directory (streaming refuses two live datasets on one
-local directory), and ``close()`` releases the dataset's shared memory.
+In one process, one rank only (``limits``): with ``WORLD_SIZE > 1`` streaming
+joins ``torch.distributed`` and shares memory between the local ranks, so its
+ranks cannot be simulated in one interpreter; the per-rank harness
+(``conformance.ranks``, ``process_group``) grades 2 and 3 ranks, every rank
+opening the node's one MDS copy. Each in-process build gets its own copy of
+the MDS directory (streaming refuses two live datasets on one local
+directory), and ``close()`` releases the dataset's shared memory.
 """
 
 import gc
@@ -17,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from conformance.adapters.peers import require
-from conformance.adapters.peers._common import EpochLoader, identity
+from conformance.adapters.peers._common import EpochLoader, data_dir, identity
 from conformance.provenance import ROW_COLUMNS, pack_corpus
 
 
@@ -35,7 +37,8 @@ class MosaicLoader(EpochLoader):
             for root in ("/dev/shm", tempfile.gettempdir()):
                 for name in (n for n in os.listdir(root) if n.startswith(f"{prefix:06}_")):
                     Path(root, name).unlink(missing_ok=True)
-        shutil.rmtree(self.local, ignore_errors=True)
+        if self.local is not None:
+            shutil.rmtree(self.local, ignore_errors=True)
 
 
 class MosaicAdapter:
@@ -43,6 +46,7 @@ class MosaicAdapter:
     capabilities = frozenset({"resume", "workers", "shuffle:seeded", "ordering:sequential", "packing:concat",
                               "packing:chunk", "packing:greedy", "packing:none", "end:drop_last"})
     limits = MappingProxyType({"max_seed": 2**31 - 1, "max_world_size": 1})
+    process_group = True
 
     def __init__(self) -> None:
         import sys
@@ -66,9 +70,12 @@ class MosaicAdapter:
         return out
 
     def build(self, corpus, config, topology, *, workdir):
-        local = Path(workdir) / "mds-copies" / uuid.uuid4().hex
-        shutil.copytree(self._mds(corpus, config.packing, Path(workdir)), local)
-        ds = self.streaming.StreamingDataset(local=str(local), batch_size=topology.batch_size,
+        with data_dir(Path(workdir), topology.world_size) as where:
+            mds = self._mds(corpus, config.packing, where)
+        local = None if topology.world_size > 1 else Path(workdir) / "mds-copies" / uuid.uuid4().hex
+        if local is not None:
+            shutil.copytree(mds, local)
+        ds = self.streaming.StreamingDataset(local=str(local or mds), batch_size=topology.batch_size,
                                              shuffle=config.ordering.kind != "sequential",
                                              shuffle_seed=config.ordering.seed)
         loader = self.streaming.StreamingDataLoader(ds, batch_size=topology.batch_size, drop_last=True,

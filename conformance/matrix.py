@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,10 @@ from typing import Any
 from impl._atomic import atomic_write_bytes
 
 REPO = Path(__file__).resolve().parents[1]
-SUITES = ("conformance.tests.test_any_loader", "conformance.tests.test_loader", "conformance.tests.test_stateful_resume")
+SUITES = ("conformance.tests.test_any_loader", "conformance.tests.test_any_loader_processes", "conformance.tests.test_loader",
+          "conformance.tests.test_stateful_resume")
+LOG_ENV = "LOADSPEC_MATRIX_LOG"
+"""Where the reporting hooks below (``-p conformance.matrix``) append one JSON line per collected and finished test."""
 LOADERS = {
     "reference": "conformance.adapters.reference:adapter",
     "impl": "conformance.adapters.impl:adapter",
@@ -47,7 +51,7 @@ _CLAUSE = re.compile(r"\[([A-Z]+-\d+)\]")
 @dataclass
 class Outcome:
     status: str
-    """pass, fail, skip or error."""
+    """pass, fail, skip, error, or "not run" (the run stopped first: ``message`` says why)."""
     clause: str = ""
     message: str = ""
 
@@ -60,7 +64,7 @@ class LoaderRun:
     version: str = ""
     capabilities: list[str] = field(default_factory=list)
     status: str = "ran"
-    """ran, not installed, or timeout."""
+    """ran, not installed, timeout (the tests it did not reach are "not run"), or crashed (pytest stopped)."""
     detail: str = ""
     seconds: float = 0.0
     outcomes: dict[str, Outcome] = field(default_factory=dict)
@@ -89,13 +93,73 @@ def _env(profile: str) -> dict[str, str]:
                 PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
-def _message(node: ET.Element) -> tuple[str, str]:
-    text = (node.get("message") or "") + "\n" + (node.text or "")
+def _message_text(text: str) -> tuple[str, str]:
+    """The clause and the most telling line of a failure's text (the ClauseViolation with its repro, else the error)."""
     match = _CLAUSE.search(text)
-    line = next((ln for ln in text.splitlines() if "ClauseViolation" in ln or ln.startswith("E ")), text.strip())
+    lines = text.splitlines()
+    line = next((ln for ln in lines if "ClauseViolation" in ln), None)
+    if line is None:  # no clause: the last ``E`` line names the exception (a traceback's first lines never do)
+        line = next((ln for ln in reversed(lines) if ln.startswith("E ")), text.strip().splitlines()[-1] if text.strip() else "")
     line = re.sub(r"^E\s+", "", line.strip())
     line = line.replace("conformance.assertions.ClauseViolation: ", "")
-    return (match.group(1) if match else ""), line[:700]
+    return (match.group(1) if match else ""), line[:1500]
+
+
+def _message(node: ET.Element) -> tuple[str, str]:
+    return _message_text((node.get("message") or "") + "\n" + (node.text or ""))
+
+
+# --------------------------------------------------------------------------- reporting hooks (``-p conformance.matrix``)
+
+
+def _log(record: dict[str, Any]) -> None:
+    path = os.environ.get(LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def pytest_collection_finish(session: Any) -> None:
+    _log({"collected": [item.nodeid for item in session.items]})
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.when == "call" or report.outcome != "passed":
+        text = report.longreprtext if report.outcome != "passed" else ""
+        if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+            text = str(report.longrepr[2])
+        _log({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "text": text[-20000:]})
+
+
+def _test_name(nodeid: str) -> str:
+    return nodeid.split("::")[-1].split("[")[0]
+
+
+def _read_log(path: Path, run: LoaderRun, *, stopped: str) -> None:
+    """Fold the streamed records into ``run.outcomes``: a test's worst case wins; collected but unreached → not run."""
+    rank = {"pass": 0, "skip": 1, "not run": 2, "fail": 3, "error": 4}
+    collected: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "collected" in rec:
+            collected = rec["collected"]
+            continue
+        name = _test_name(rec["nodeid"])
+        if rec["outcome"] == "passed":
+            outcome = Outcome("pass")
+        elif rec["outcome"] == "skipped":
+            outcome = Outcome("skip", "", rec["text"][:200])
+        else:
+            clause, message = _message_text(rec["text"])
+            outcome = Outcome("fail" if rec["when"] == "call" else "error", clause, message)
+        old = run.outcomes.get(name)
+        if old is None or rank[outcome.status] > rank[old.status]:
+            run.outcomes[name] = outcome
+    for name in map(_test_name, collected):
+        run.outcomes.setdefault(name, Outcome("not run", "", stopped))
 
 
 def run_loader(label: str, spec: str, *, profile: str, timeout: float, python: str = sys.executable) -> LoaderRun:
@@ -108,28 +172,27 @@ def run_loader(label: str, spec: str, *, profile: str, timeout: float, python: s
     info = json.loads(described.stdout.strip().splitlines()[-1])
     run.name, run.version, run.capabilities = info["name"], info["version"], info["capabilities"]
     with tempfile.TemporaryDirectory() as tmp:
-        xml = Path(tmp) / "junit.xml"
+        log = Path(tmp) / "outcomes.jsonl"
         cmd = [python, "-m", "pytest", "--pyargs", *SUITES, "--loadspec-loader", spec, "-p", "no:randomly",
-               "-p", "no:cacheprovider", "-q", f"--junitxml={xml}", "-o", "junit_family=xunit2"]
+               "-p", "no:cacheprovider", "-p", "conformance.matrix", "-q"]
         start = time.monotonic()
+        stopped = ""
+        # its own session, so a timeout also stops the rank processes and workers it started
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp,
+                                env=dict(_env(profile), **{LOG_ENV: str(log)}), start_new_session=True)
         try:
-            subprocess.run(cmd, capture_output=True, text=True, env=_env(profile), cwd=tmp, timeout=timeout, check=False)
+            output, _ = proc.communicate(timeout=timeout)
+            if proc.returncode not in (0, 1):  # 1: tests failed; anything else: pytest itself stopped
+                tail = [ln for ln in output.splitlines() if ln.strip()][-3:]
+                run.status = "crashed"
+                run.detail = stopped = f"pytest exited {proc.returncode} before this test: " + " / ".join(tail)[-600:]
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             run.status, run.detail = "timeout", f"the kit did not finish within {timeout:.0f}s"
+            stopped = f"not reached: the loader's run was stopped at the {timeout:.0f}s budget"
         run.seconds = time.monotonic() - start
-        if xml.exists():
-            for case in ET.parse(xml).getroot().iter("testcase"):
-                name = case.get("name", "").split("[")[0]
-                failure = case.find("failure")
-                error = case.find("error")
-                skipped = case.find("skipped")
-                if failure is not None or error is not None:
-                    clause, message = _message(failure if failure is not None else error)
-                    run.outcomes[name] = Outcome("fail" if failure is not None else "error", clause, message)
-                elif skipped is not None:
-                    run.outcomes[name] = Outcome("skip", "", (skipped.get("message") or "")[:200])
-                else:
-                    run.outcomes[name] = Outcome("pass")
+        _read_log(log, run, stopped=stopped or "not reached (pytest stopped early)")
     return run
 
 
@@ -145,6 +208,8 @@ def _cell(outcome: Outcome | None) -> str:
         return "pass"
     if outcome.status == "skip":
         return "n/a"
+    if outcome.status == "not run":
+        return "not run"
     return f"**FAIL** {outcome.clause}".strip()
 
 
@@ -157,18 +222,18 @@ def render(runs: list[LoaderRun], *, profile: str, command: str) -> str:
              (f"Generated by `{command}` (hypothesis profile `{profile}`); every cell is the outcome of running "
               "the kit, never typed by hand. `pass`: the property held on every example; `FAIL <clause>`: the kit "
               "found a counterexample (details below); `n/a`: the loader does not declare the capability the test "
-              "needs (bit-exact tests need `bit_exact`)."), "",
-             "| loader | version | seconds |", "|---|---|---|"]
-    lines += [f"| {r.label} | {r.version or '-'} | {r.seconds:.0f} |" for r in ran]
+              "needs (bit-exact tests need `bit_exact`); `not run`: the loader's run stopped before the test (the "
+              "reason is below)."), "",
+             "| loader | version | seconds | run |", "|---|---|---|---|"]
     for r in runs:
-        if r.status != "ran":
-            lines.append(f"| {r.label} | {r.status}: {r.detail} | - |")
+        run = "complete" if r.status == "ran" else f"{r.status}: {r.detail}"
+        lines.append(f"| {r.label} | {r.version or '-'} | {r.seconds:.0f} | {run} |")
     lines += ["", "| property | " + " | ".join(r.label for r in ran) + " |", "|---" * (len(ran) + 1) + "|"]
     for t in tests:
         lines.append(f"| `{t.removeprefix('test_')}` | " + " | ".join(_cell(r.outcomes.get(t)) for r in ran) + " |")
     lines += ["", "## Failures, with the shortest repro the kit printed", ""]
     for r in ran:
-        failed = {t: o for t, o in r.outcomes.items() if o.status in ("fail", "error")}
+        failed = {t: o for t, o in r.outcomes.items() if o.status in ("fail", "error", "not run")}
         if not failed:
             continue
         lines += [f"### {r.label} ({r.name} {r.version})", ""]
@@ -182,18 +247,24 @@ SUMMARY_BEGIN, SUMMARY_END = "<!-- matrix-summary: generated by python -m confor
 SUMMARY_TESTS = {
     "test_every_input_and_label_is_the_corpus_token_its_provenance_names": "inputs and labels from the right document (PACK-4)",
     "test_every_rank_runs_the_same_number_of_steps": "every rank runs the same number of steps (PART-1)",
-    "test_no_within_document_pair_is_trained_twice_in_an_epoch": "no pair trained twice in an epoch (RES-4)",
-    "test_fewer_than_one_global_batch_is_left_untrained": "less than one global batch left untrained (PART-4)",
+    "test_no_within_document_pair_is_trained_twice_in_an_epoch": "no pair trained twice in an epoch (PART-1)",
+    "test_fewer_than_one_global_batch_is_left_untrained": "less than one global batch left untrained (PART-1, PACK-7)",
     "test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_resumed_twice":
         "resume continues the stream, also twice (RES-1)",
     "test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once":
         "another world size / batch / workers: refused or exactly once (RES-4)",
+    "test_ranks_in_separate_processes_run_equal_steps_and_train_every_pair_at_most_once":
+        "one process per rank: equal steps, each pair at most once (PART-1)",
+    "test_ranks_restarted_as_new_processes_from_their_checkpoints_continue_the_stream_also_when_restarted_twice":
+        "one process per rank: restarted processes continue the stream (RES-1)",
+    "test_a_checkpoint_loaded_by_another_number_of_processes_is_refused_or_continues_exactly_once":
+        "one process per rank: another number of processes refused or exactly once (RES-4)",
 }
 
 
 def summary(runs: list[LoaderRun]) -> str:
     """The README's table: the any-loader properties × the loaders that ran, from the same outcomes as MATRIX.md."""
-    ran = [r for r in runs if r.status == "ran"]
+    ran = [r for r in runs if r.status != "not installed"]
     lines = ["| property | " + " | ".join(f"{r.label} ({r.version})" for r in ran) + " |",
              "|---" * (len(ran) + 1) + "|"]
     for test, title in SUMMARY_TESTS.items():

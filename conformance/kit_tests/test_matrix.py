@@ -24,7 +24,7 @@ def test_a_loader_that_cannot_be_imported_is_listed_as_not_installed_and_runs_no
     run = run_loader("ghost", "conformance.adapters.peers.no_such_peer:adapter", profile="dev", timeout=60)
     assert run.status == "not installed" and not run.outcomes
     assert "no_such_peer" in run.detail
-    assert "| ghost | not installed" in render([run], profile="dev", command="m")
+    assert "| ghost | - | 0 | not installed: " in render([run], profile="dev", command="m")
 
 
 def test_the_readme_matrix_summary_is_the_one_generated_from_matrix_json():
@@ -37,3 +37,22 @@ def test_the_readme_matrix_summary_is_the_one_generated_from_matrix_json():
     assert matrix.readme_with_summary(text, runs) == text, (
         "the README's matrix summary differs from conformance/report/matrix.json: regenerate it with "
         "python -m conformance.matrix (or edit neither by hand)")
+
+
+def test_tests_a_stopped_run_did_not_reach_are_listed_as_not_run_with_the_reason(tmp_path):
+    import json
+
+    from conformance.matrix import _read_log
+
+    log = tmp_path / "outcomes.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in [
+        {"collected": ["m.py::test_a[x]", "m.py::test_a[y]", "m.py::test_b"]},
+        {"nodeid": "m.py::test_a[x]", "when": "call", "outcome": "passed", "text": ""},
+        {"nodeid": "m.py::test_a[y]", "when": "call", "outcome": "failed",
+         "text": "E   conformance.assertions.ClauseViolation: [RES-1] batches differ | repro: k=3"},
+    ]) + "\n")
+    run = LoaderRun("peer", "x:y")
+    _read_log(log, run, stopped="not reached: stopped at the 60s budget")
+    assert run.outcomes["test_a"] == Outcome("fail", "RES-1", "[RES-1] batches differ | repro: k=3")
+    assert run.outcomes["test_b"] == Outcome("not run", "", "not reached: stopped at the 60s budget")
+    assert "| `b` | not run |" in render([run], profile="dev", command="m")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.adapter import CanonicalRow
-from conformance.provenance import row_from_columns
+from conformance.provenance import ROW_COLUMNS, row_from_columns
 
 
 def rows_of(batch: Any, epoch: int) -> list[CanonicalRow]:
@@ -26,6 +26,31 @@ def rows_of(batch: Any, epoch: int) -> list[CanonicalRow]:
 
 def identity(batch: list[Any]) -> list[Any]:
     return batch
+
+
+def by_column(batch: list[Any]) -> dict[str, list[Any]]:
+    """A batch of rows as one list per column: what a loader that counts a batch's samples as ``len`` of its
+    first column (MosaicML's ``StreamingDataLoader``) counts right; a list of row dicts counts as its keys."""
+    return {c: [row[c] for row in batch] for c in ROW_COLUMNS}
+
+
+def rows_of_columns(batch: dict[str, list[Any]], epoch: int) -> list[CanonicalRow]:
+    """A :func:`by_column` batch as canonical rows."""
+    return [row_from_columns({c: batch[c][i] for c in ROW_COLUMNS}, epoch=epoch, index=-1)
+            for i in range(len(batch["input_ids"]))]
+
+
+class Empty:
+    """What a corpus with no sample loads as, for a peer that refuses an empty dataset: no batch, a state."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 @contextlib.contextmanager

@@ -14,23 +14,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 from conformance.adapters.peers import require
-from conformance.adapters.peers._common import EpochLoader, data_dir, identity
+from conformance.adapters.peers._common import Empty, EpochLoader, data_dir, identity
 from conformance.provenance import ProvenanceCodec
 
 CHUNK_TOKENS = 64
-
-
-class _Empty:
-    """What a corpus shorter than one block loads as: no batch, a state like any other."""
-
-    def __iter__(self):
-        return iter(())
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 class LitDataAdapter:
@@ -70,7 +57,7 @@ class LitDataAdapter:
             return [codec.row(b.tolist(), epoch=epoch, index=-1) for b in batch]
 
         if codec.total < block:
-            return EpochLoader(_Empty(), to_rows=to_rows)
+            return EpochLoader(Empty(), to_rows=to_rows)
         with data_dir(Path(workdir), topology.world_size) as where:
             data = self._write(codec, where)
         ds = self.litdata.StreamingDataset(str(data), drop_last=True,
@@ -78,7 +65,7 @@ class LitDataAdapter:
                                            shuffle=config.ordering.kind != "sequential")
         loader = self.litdata.StreamingDataLoader(ds, batch_size=topology.batch_size, drop_last=True,
                                                   num_workers=topology.num_workers, collate_fn=identity)
-        return EpochLoader(loader, ds.set_epoch, to_rows=to_rows)
+        return EpochLoader(loader, to_rows=to_rows)  # StreamingDataLoader sets the dataset's epoch itself
 
 
 def adapter():

@@ -19,13 +19,13 @@ from pathlib import Path
 from types import MappingProxyType
 
 from conformance.adapters.peers import require
-from conformance.adapters.peers._common import EpochLoader, data_dir, identity
+from conformance.adapters.peers._common import Empty, EpochLoader, by_column, data_dir, rows_of_columns
 from conformance.provenance import ROW_COLUMNS, pack_corpus
 
 
 class MosaicLoader(EpochLoader):
     def __init__(self, loader, dataset, local: Path) -> None:
-        super().__init__(loader)
+        super().__init__(loader, to_rows=rows_of_columns)
         self.dataset, self.local = dataset, local
 
     def close(self) -> None:
@@ -58,8 +58,7 @@ class MosaicAdapter:
         self.version = self.streaming.__version__
         self.np = require("numpy")
 
-    def _mds(self, corpus, packing, workdir: Path) -> Path:
-        rows = pack_corpus(corpus, packing)
+    def _mds(self, rows, workdir: Path) -> Path:
         key = hashlib.sha256(repr((rows,)).encode()).hexdigest()[:20]
         out = Path(workdir) / "mds" / key
         if not (out / "index.json").exists():
@@ -70,8 +69,11 @@ class MosaicAdapter:
         return out
 
     def build(self, corpus, config, topology, *, workdir):
+        rows = pack_corpus(corpus, config.packing)
+        if not rows:  # streaming refuses a dataset with no sample ("Stream contains no samples"): no batch
+            return EpochLoader(Empty(), to_rows=rows_of_columns)
         with data_dir(Path(workdir), topology.world_size) as where:
-            mds = self._mds(corpus, config.packing, where)
+            mds = self._mds(rows, where)
         local = None if topology.world_size > 1 else Path(workdir) / "mds-copies" / uuid.uuid4().hex
         if local is not None:
             shutil.copytree(mds, local)
@@ -79,7 +81,7 @@ class MosaicAdapter:
                                              shuffle=config.ordering.kind != "sequential",
                                              shuffle_seed=config.ordering.seed)
         loader = self.streaming.StreamingDataLoader(ds, batch_size=topology.batch_size, drop_last=True,
-                                                    num_workers=topology.num_workers, collate_fn=identity)
+                                                    num_workers=topology.num_workers, collate_fn=by_column)
         return MosaicLoader(loader, ds, local)
 
 

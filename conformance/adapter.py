@@ -29,15 +29,25 @@ Optional, with the default the kit uses when absent:
   not failed); ``build`` may also raise :class:`Unsupported`;
 * ``close()`` on a built loader: called after every example, so loaders that
   hold shared memory, threads or file descriptors release them while
-  hypothesis runs hundreds of examples.
+  hypothesis runs hundreds of examples;
+* ``limits`` (a mapping): ``max_seed``, and ``max_world_size``, the most ranks
+  the loader can simulate in one process (the in-process suite draws no more);
+* ``process_group = True``: the loader reads ``torch.distributed``, so the
+  per-rank harness (``conformance.ranks``: one process per rank, file
+  rendezvous, ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) joins a gloo group
+  before ``build``. There each rank builds in its own ``workdir``;
+  ``LOADSPEC_NODE_DIR`` names a directory its ranks share (data a peer's
+  local ranks must open at one path). The harness's tests
+  (``conformance/tests/test_any_loader_processes.py``) need nothing more.
 
 ``bit_exact`` is the only capability that makes the kit compare with the
 reference's sample numbering and order (``sample_index``, the state machine,
 the bit-for-bit batches); ``state:version`` and ``state:fingerprint`` make it
 check loadspec's state keys and refusals (RES-2, RES-3). Every other test
-checks properties that any correct loader has (``conformance/tests/test_any_loader.py``):
-provenance, at most once, fewer than one global batch lost, equal step counts,
-exact resume, and refusal or exactness after a change of topology.
+checks properties that any correct loader has (``conformance/tests/test_any_loader.py``,
+and with one process per rank ``test_any_loader_processes.py``): provenance,
+at most once, fewer than one global batch lost, equal step counts, exact
+resume, and refusal or exactness after a change of topology.
 
 A third-party adapter is one file (``conformance/examples/third_party.py`` is
 a complete, tested one)::

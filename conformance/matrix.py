@@ -97,7 +97,7 @@ def _message_text(text: str) -> tuple[str, str]:
     """The clause and the most telling line of a failure's text (the ClauseViolation with its repro, else the error)."""
     match = _CLAUSE.search(text)
     lines = text.splitlines()
-    line = next((ln for ln in lines if "ClauseViolation" in ln), None)
+    line = next((ln for ln in lines if "ClauseViolation: [" in ln), None)
     if line is None:  # no clause: the last ``E`` line names the exception (a traceback's first lines never do)
         line = next((ln for ln in reversed(lines) if ln.startswith("E ")), text.strip().splitlines()[-1] if text.strip() else "")
     line = re.sub(r"^E\s+", "", line.strip())

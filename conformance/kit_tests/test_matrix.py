@@ -49,7 +49,7 @@ def test_tests_a_stopped_run_did_not_reach_are_listed_as_not_run_with_the_reason
         {"collected": ["m.py::test_a[x]", "m.py::test_a[y]", "m.py::test_b"]},
         {"nodeid": "m.py::test_a[x]", "when": "call", "outcome": "passed", "text": ""},
         {"nodeid": "m.py::test_a[y]", "when": "call", "outcome": "failed",
-         "text": "E   conformance.assertions.ClauseViolation: [RES-1] batches differ | repro: k=3"},
+         "text": "    except ClauseViolation:\nE   conformance.assertions.ClauseViolation: [RES-1] batches differ | repro: k=3"},
     ]) + "\n")
     run = LoaderRun("peer", "x:y")
     _read_log(log, run, stopped="not reached: stopped at the 60s budget")

@@ -249,6 +249,45 @@ def test_a_range_in_verified_blocks_is_not_crcd_again_but_an_unverified_neighbou
     assert counting.calls == after_map + 2
 
 
+def test_a_first_read_in_file_order_verifies_a_bounded_window_ahead_and_a_random_first_read_does_not(large, monkeypatch):
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    store = TokenStore.open(large)
+    store.check_blocks(0, np.array([0]), np.array([1]))
+    blocks = store._blocks[0]
+    assert blocks is not None and blocks.count > 3 * store_module._READ_AHEAD
+
+    def first_token(k: int) -> int:
+        return max(0, -(-(k * blocks.block - blocks.base) // blocks.itemsize))
+
+    def read(k: int) -> int:
+        before = counting.calls
+        store.check_blocks(0, np.array([first_token(k)]), np.array([first_token(k) + 1]))
+        return counting.calls - before
+
+    first = (blocks.base) // blocks.block
+    middle = blocks.count // 2
+    assert read(middle) == 1, "a first read after an unverified block verifies only its own block"
+    assert read(first + 1) == 1 + store_module._READ_AHEAD, "a read continuing a verified run reads ahead"
+    assert [read(k) for k in range(first + 2, first + 2 + store_module._READ_AHEAD)] == [0] * store_module._READ_AHEAD
+    assert read(first + 2 + store_module._READ_AHEAD) == 1 + store_module._READ_AHEAD
+
+
+def test_a_changed_block_inside_the_read_ahead_window_is_refused_before_its_tokens_are_served(large):
+    store = TokenStore.open(large)
+    store.check_blocks(0, np.array([0]), np.array([1]))
+    blocks = store._blocks[0]
+    assert blocks is not None
+    ahead = blocks.base // blocks.block + 5
+    store.close()
+    _flip(large / store.meta["files"][0]["name"], ahead * blocks.block + 7)
+    fresh = TokenStore.open(large)
+    with pytest.raises(StoreCorruptError, match=rf"block {ahead} "):
+        for t in range(0, fresh.num_tokens, 512):
+            fresh.check_blocks(0, np.array([t]), np.array([t + 1]))
+            assert (t * blocks.itemsize + blocks.base) // blocks.block < ahead, "tokens of the changed block were reached"
+
+
 # --------------------------------------------------------------------------- reopen
 
 

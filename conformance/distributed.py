@@ -158,6 +158,8 @@ def run_job(job: Job, world_size: int, workdir: Path, *, timeout: float = JOIN_T
     rank that exits non-zero makes the launcher kill the others at once, as a
     job scheduler would; the caller decides whether that was expected.
     """
+    from conformance.ranks import reap  # the launcher's side only: a rank process never imports the kit
+
     workdir = Path(workdir)
     launch = uuid.uuid4().hex[:12]
     job_file = workdir / f"job-{launch}.json"
@@ -184,19 +186,7 @@ def run_job(job: Job, world_size: int, workdir: Path, *, timeout: float = JOIN_T
             time.sleep(0.05)
     finally:
         timed_out = time.monotonic() > start + timeout
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
-                pass
-        stderr = []
-        for f in errs:
-            f.seek(0)
-            stderr.append(f.read().decode("utf-8", "replace"))
-            f.close()
+        stderr = reap(procs, errs)
     result = JobResult([p.returncode for p in procs], stderr, time.monotonic() - start)
     if timed_out:
         raise TimeoutError(f"job did not finish within {timeout}s; every rank was killed. {result.describe()}")

@@ -62,7 +62,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from conformance.adapter import CanonicalRow, close, is_refusal
 from conformance.assertions import assert_equal, check
@@ -377,6 +377,28 @@ def _env(job: RankJob, rank: int, directory: Path) -> dict[str, str]:
                 OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
 
+def reap(procs: Sequence[subprocess.Popen[bytes]], errs: Sequence[IO[bytes]]) -> list[str]:
+    """Kill the ranks still running, wait for each (30 s at most) and return each rank's stderr, closing ``errs``.
+
+    One teardown for every multi-process launcher of the kit (this harness and
+    impl's gloo jobs in ``conformance.distributed``): no rank outlives its job.
+    """
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            pass
+    stderr = []
+    for f in errs:
+        f.seek(0)
+        stderr.append(f.read().decode("utf-8", "replace"))
+        f.close()
+    return stderr
+
+
 def launch(job: RankJob, directory: Path, *, timeout: float = JOB_TIMEOUT) -> RankRun:
     """Run every rank of ``job`` as its own process under ``directory`` (which must not exist yet).
 
@@ -423,19 +445,7 @@ def launch(job: RankJob, directory: Path, *, timeout: float = JOB_TIMEOUT) -> Ra
             time.sleep(0.02)
         statuses = read_statuses()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
-                pass
-        stderr = []
-        for f in errs:
-            f.seek(0)
-            stderr.append(f.read().decode("utf-8", "replace"))
-            f.close()
+        stderr = reap(procs, errs)
     seconds = time.monotonic() - start
     codes = [p.returncode for p in procs]
     if timed_out:

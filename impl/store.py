@@ -465,6 +465,28 @@ def _validate_meta(root: Path, meta: Any) -> None:
 
 
 
+def _map_read_only(path: str, where: str, size: int) -> mmap.mmap | bytes:
+    """``path`` mapped read-only, refused with ``StoreCorruptError`` unless it exists and holds ``size`` bytes.
+
+    ``where`` names the file in the messages. An expected size of 0 gives
+    ``b""`` (an empty file cannot be mapped) once the file is known to exist.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            mm: mmap.mmap | bytes = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+            actual = os.fstat(fd).st_size if not size else len(mm)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
+    except (OSError, ValueError) as exc:
+        raise StoreCorruptError(f"{where} could not be mapped ({exc}); {REBUILD_HINT}") from exc
+    if actual != size:
+        raise StoreCorruptError(f"{where} changed since it was built ({actual} bytes, {size} when built); {REBUILD_HINT}")
+    return mm
+
+
 class _Blocks:
     """One mapped file's recorded block checksums and the blocks this store object has verified.
 
@@ -738,21 +760,7 @@ class TokenStore:
         """Format 3: every block's recorded CRC-32 (big-endian uint32), one read-only mapping of :data:`BLOCK_TABLE`."""
         if self._table is None:
             expected = 4 * self._table_at[-1]
-            try:
-                fd = os.open(f"{self._root}/{BLOCK_TABLE}", os.O_RDONLY)
-                try:
-                    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if expected else b""
-                finally:
-                    os.close(fd)
-            except FileNotFoundError:
-                raise StoreCorruptError(f"{self._table_where()} is missing; {REBUILD_HINT}") from None
-            except (OSError, ValueError) as exc:
-                raise StoreCorruptError(f"{self._table_where()} could not be mapped ({exc}); {REBUILD_HINT}") from exc
-            if len(mm) != expected:
-                raise StoreCorruptError(
-                    f"{self._table_where()} changed since it was built ({len(mm)} bytes, {expected} when built); "
-                    f"{REBUILD_HINT}"
-                )
+            mm = _map_read_only(f"{self._root}/{BLOCK_TABLE}", self._table_where(), expected)
             self._table = np.frombuffer(mm, dtype=">u4")
         return self._table
 
@@ -798,21 +806,7 @@ class TokenStore:
         offsets_at = self._recorded_buffer(rec, "offsets", 0 if no_offsets else (docs + 1) * _OFFSET_BYTES,
                                            _OFFSET_BYTES)
         values_at = self._recorded_buffer(rec, "values", rec.num_tokens * item, item)
-        try:
-            fd = os.open(f"{self._root}/{rec.name}", os.O_RDONLY)
-            try:
-                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-            finally:
-                os.close(fd)
-        except FileNotFoundError:
-            raise StoreCorruptError(f"{self._where(rec.name)} is missing; {REBUILD_HINT}") from None
-        except (OSError, ValueError) as exc:
-            raise StoreCorruptError(f"{self._where(rec.name)} could not be mapped ({exc}); {REBUILD_HINT}") from exc
-        if len(mm) != rec.size:
-            raise StoreCorruptError(
-                f"{self._where(rec.name)} changed since it was built ({len(mm)} bytes, {rec.size} when built); "
-                f"{REBUILD_HINT}"
-            )
+        mm = _map_read_only(f"{self._root}/{rec.name}", self._where(rec.name), rec.size)
         if no_offsets:
             offsets = np.zeros(1, dtype=np.int64)
             offsets.setflags(write=False)

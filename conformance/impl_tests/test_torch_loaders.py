@@ -1,4 +1,4 @@
-"""``PackedDataset`` and ``MixedDataset`` inside torch's own loaders: a plain ``DataLoader`` and torchdata's ``StatefulDataLoader``.
+"""``PackedDataset``, ``MixedDataset`` and the dataset wrappers inside torch's own loaders: a plain ``DataLoader`` and torchdata's ``StatefulDataLoader``.
 
 Why: users put a dataset in the loader they already have. With the default
 collate, a batch must be what ``default_collate([ds[i] for i in batch])``
@@ -128,3 +128,35 @@ def test_a_stateful_dataloader_state_round_trip_continues_with_the_next_batch(ma
     resumed = StatefulDataLoader(make(), batch_size=BATCH, num_workers=workers)
     resumed.load_state_dict(state)
     assert_same(head + list(resumed), expected, f"StatefulDataLoader(num_workers={workers}) resumed after 2 batches")
+
+
+class _Lengths(torch.utils.data.Dataset):
+    """Items of different lengths, as dicts of tensors (what a fine-tuning dataset yields)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"length": torch.tensor(1 + (i * 7) % 23), "item": torch.tensor(i)}
+
+    def sort_key(self, i: int) -> int:
+        return 1 + (i * 7) % 23
+
+
+@pytest.mark.clause("COLL-9")
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("wrapper", ["sharded", "bucketed"])
+def test_the_dataset_wrappers_in_a_plain_dataloader_with_the_default_collate_yield_their_stacked_items(
+        store, wrapper, workers):
+    from impl.bucketing import BufferSortedDataset
+    from impl.sharding import ShardedDataset
+
+    if wrapper == "sharded":
+        view: Any = ShardedDataset(PackedDataset(store, seq_len=6, shuffle="global", seed=3, cache_dir=False),
+                                   total_shards=2, current_shard=1)
+    else:
+        view = BufferSortedDataset(_Lengths(), buffer_size=16, pack_size=4, init_seed=0)
+    n = len(view)
+    expected = [default_collate([view[i] for i in range(s, min(s + BATCH, n))]) for s in range(0, n, BATCH)]
+    assert_same(list(DataLoader(view, batch_size=BATCH, num_workers=workers)), expected,
+                f"{wrapper} in DataLoader(num_workers={workers})")

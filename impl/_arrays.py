@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["distinct"]
+__all__ = ["distinct", "distinct_ints"]
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -28,3 +28,17 @@ def distinct(values: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(flat[1:], flat[:-1], out=keep[1:])
     return flat[keep]
+
+
+def distinct_ints(values: np.ndarray) -> list[int]:
+    """The distinct values, ascending, as ints, without a sort when all are equal (a batch of one epoch or file).
+
+    >>> distinct_ints(np.array([2, 2, 2])), distinct_ints(np.array([3, 1, 3]))
+    ([2], [1, 3])
+    """
+    if not len(values):
+        return []
+    first = int(values[0])
+    if not (values != first).any():
+        return [first]
+    return [int(v) for v in distinct(values)]

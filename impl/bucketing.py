@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from impl._arrays import distinct
+from impl._arrays import distinct_ints
 from impl.errors import ConfigError, StateError, is_int, is_integer, require
 from impl.rng import derive_key, draw, feistel, mix64, subkey
 from reference.bucketing import BucketConfig
@@ -107,7 +107,7 @@ def bucket_buffer(lengths: Any, config: BucketConfig, epoch: int, buffer_index: 
     keys = _subkeys(kb, pack_of_q + 1)
     out = np.empty(m, dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    for pack_size in distinct(sizes).tolist():
+    for pack_size in distinct_ints(sizes):
         qs = np.flatnonzero(sizes == pack_size)
         j = np.tile(np.arange(pack_size, dtype=np.int64), len(qs))
         q = np.repeat(qs, pack_size)

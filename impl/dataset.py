@@ -69,7 +69,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from impl._arrays import distinct
+from impl._arrays import distinct_ints
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl._crc import crc32
 from impl.collation import SampleBatch, batch_cu_seqlens
@@ -77,7 +77,7 @@ from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptE
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, pack_plan
-from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key
+from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key, resolve_keys
 from impl.splits import SplitStore, split_pipeline
 from impl.store import META_FILE, TokenStore
 from reference.ordering import Kind, OrderingConfig
@@ -575,49 +575,11 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     # ------------------------------------------------------------ batches
 
-    def _resolve_many(self, keys: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(epochs, indices)`` int64 of ``keys``, each checked as ``__getitem__`` checks it (same errors).
-
-        ``SampleKey``s of plain ints (what ``ElasticSampler`` yields) are
-        checked together: epochs >= 0, indices in ``[-1, num_samples(epoch))``;
-        any other key goes through ``_resolve``. On a bad key the keys are
-        resolved one by one, so the error is the one ``ds[key]`` raises for
-        the first bad key. None when a value does not fit int64 (the caller
-        then builds the rows one by one).
-        """
-        pairs = [k if type(k) is SampleKey and type(k[0]) is int and type(k[1]) is int else self._resolve(k)
-                 for k in keys]
-        try:
-            arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-        except OverflowError:
-            for key in keys:
-                self._resolve(key)
-            return None
-        epochs, indices = arr[:, 0], arr[:, 1]
-        if len(arr) and not self._keys_in_range(epochs, indices):
-            for key in keys:
-                self._resolve(key)
-            raise AssertionError(f"keys {keys!r} failed the batch check but none fails alone")  # pragma: no cover
-        return epochs, indices
-
-    def _keys_in_range(self, epochs: np.ndarray, indices: np.ndarray) -> bool:
-        if int(epochs.min()) < 0 or int(indices.min()) < PADDING:
-            return False
-        real = indices != PADDING
-        if not real.any():
-            return True
-        if self._fixed_samples is not None:
-            return int(indices.max()) < self._fixed_samples
-        for epoch in _distinct(epochs[real]):
-            if int(indices[real & (epochs == epoch)].max()) >= self.num_samples(epoch):
-                return False
-        return True
-
     def _rows(self, epochs: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
         """The batch of resolved keys, numpy, in ``__getitems__``'s layout (one ``materialize_batch`` per epoch)."""
         p = self.config.packing
         real = indices != PADDING
-        groups = _distinct(epochs[real])
+        groups = distinct_ints(epochs[real])
         out: dict[str, Any]
         if len(groups) <= 1:
             if groups:
@@ -653,7 +615,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         return self._batch([SampleKey(int(epoch), i) for i in values])
 
     def _batch(self, keys: Any) -> dict[str, Any]:
-        resolved = self._resolve_many(keys)
+        resolved = resolve_keys(keys, self._resolve, self.num_samples)
         if resolved is None:   # a key beyond int64: stack the rows one by one
             rows = [self.sample(*self._resolve(k)) for k in keys]
             out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
@@ -755,16 +717,6 @@ def _check_bounded(name: str, value: Any) -> None:
     lo, hi, what = _BOUNDS[name]
     require(is_integer(value) and lo <= value <= hi, ConfigError,
             f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")
-
-
-def _distinct(values: np.ndarray) -> list[int]:
-    """The distinct values, ascending, as ints: ``np.unique(values).tolist()`` without its sort when all are equal."""
-    if not len(values):
-        return []
-    first = int(values[0])
-    if not (values != first).any():
-        return [first]
-    return [int(v) for v in distinct(values)]
 
 
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:

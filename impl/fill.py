@@ -41,7 +41,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from impl._arrays import distinct
+from impl._arrays import distinct_ints
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, require
 from impl.packing import PackPlan, _exclusive_cumsum, _ranges
@@ -180,13 +180,13 @@ class TokenSource:
         def bounds(files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             start, length = np.empty(len(files), dtype=_I64), np.empty(len(files), dtype=_I64)
             whose = owners[files]
-            for k in distinct(whose).tolist():
+            for k in distinct_ints(whose):
                 rows = np.flatnonzero(whose == k)
                 part, part_files, part_docs = parts[k], locals_[files[rows]], docs[rows]
                 if part._bounds is not None:
                     start[rows], length[rows] = part._bounds(part_files, part_docs)
                     continue
-                for f in distinct(part_files).tolist():
+                for f in distinct_ints(part_files):
                     mine = part_files == f
                     offsets = np.asarray(part.file(f)[1], dtype=_I64)
                     d = part_docs[mine]

@@ -51,13 +51,13 @@ import torch
 from torch.utils.data import Dataset
 
 from impl import rng
-from impl._arrays import distinct
+from impl._arrays import distinct_ints
 from impl.collation import SampleBatch, batch_cu_seqlens
-from impl.dataset import PackedDataset, SampleKey, _distinct
+from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, is_integer, require
 from impl.fill import TokenSource, fill_batch
 from impl.packing import _exclusive_cumsum, _ranges
-from impl.partition import SharedEpoch, padding_rows, resolve_key
+from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
 from reference.mixing import BATCHING_METHODS, STOPPING_STRATEGIES, MixConfig, StreamConfig, WeightFn
 from reference.packing import PackingConfig
 from reference.partition import PADDING
@@ -593,31 +593,6 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         assert self._pad is not None
         return {name: np.tile(value, (n, 1)) for name, value in self._pad.items()}
 
-    def _resolve_many(self, keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """``(epochs, indices)`` int64 of ``keys``, each checked as ``__getitem__`` checks it (same errors).
-
-        ``SampleKey``s of plain ints (what ``ElasticSampler`` yields) are
-        checked together; on a bad key the keys are resolved one by one, so
-        the error is the one ``mixed[key]`` raises for the first bad key.
-        """
-        pairs = [k if type(k) is SampleKey and type(k[0]) is int and type(k[1]) is int else self._resolve(k)
-                 for k in keys]
-        try:
-            arr = np.array(pairs, dtype=_I64).reshape(-1, 2)
-        except OverflowError:
-            arr = None
-        if arr is None or (len(arr) and not self._keys_in_range(arr[:, 0], arr[:, 1])):
-            for key in keys:
-                self._resolve(key)
-            raise ConfigError(f"keys {keys!r} do not fit int64; pass SampleKey(epoch, index) of int64 values")
-        return arr[:, 0], arr[:, 1]
-
-    def _keys_in_range(self, epochs: np.ndarray, indices: np.ndarray) -> bool:
-        if int(epochs.min()) < 0 or int(indices.min()) < PADDING:
-            return False
-        real = indices != PADDING
-        return all(int(indices[real & (epochs == e)].max()) < self.num_samples(e) for e in _distinct(epochs[real]))
-
     def _token_source(self) -> TokenSource:
         if self._tokens is None:
             parts = [src.source for src in self.sources]
@@ -636,7 +611,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         source, item = plan.source[indices], plan.item[indices]
         found = []
         counts = np.zeros(len(indices), dtype=_I64)
-        for s in _distinct(source):
+        for s in distinct_ints(source):
             rows = np.flatnonzero(source == s)
             dataset = self.sources[s]
             c, pos, a, b = dataset.plan(epoch).batch_pieces(item[rows])
@@ -706,7 +681,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         n = len(indices)
         tokens = self._token_source()
         real = indices != PADDING
-        epoch_list = _distinct(epochs[real])
+        epoch_list = distinct_ints(epochs[real])
         pieces: _Pieces | None = None
         if len(epoch_list) == 1 and real.all():
             pieces = self._block_pieces(epoch_list[0], indices)
@@ -733,7 +708,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         return out
 
     def _batch(self, keys: Sequence[Any]) -> dict[str, Any]:
-        epochs, indices = self._resolve_many(keys)
+        resolved = resolve_keys(keys, self._resolve, self.num_samples)
+        if resolved is None:
+            raise ConfigError(f"keys {keys!r} do not fit int64; pass SampleKey(epoch, index) of int64 values")
+        epochs, indices = resolved
         if self._packing is not None:
             return self._packed_batch(epochs, indices, self._packing)
         n = len(indices)
@@ -741,12 +719,12 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         local = np.full(n, -1, dtype=_I64)
         out: dict[str, Any] = {}
         pad = indices == PADDING
-        for epoch in distinct(epochs[~pad]).tolist():
+        for epoch in distinct_ints(epochs[~pad]):
             rows = np.flatnonzero(~pad & (epochs == epoch))
             plan = self.plan(epoch)
             source[rows] = plan.source[indices[rows]]
             local[rows] = plan.item[indices[rows]]
-            for s in distinct(source[rows]).tolist():
+            for s in distinct_ints(source[rows]):
                 mine = rows[source[rows] == s]
                 part = self._fetch(s, epoch, local[mine])
                 for name in self._shape:

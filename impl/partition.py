@@ -37,18 +37,19 @@ Worked example (S = 10 samples, 2 ranks, B = 2, so G = 4)::
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from impl._arrays import distinct_ints
 from impl.errors import ConfigError, StateError, TopologyError, is_int, is_integer, require
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, PackingConfig
 from reference.partition import END_POLICIES, PADDING, PartitionConfig
 
 __all__ = ["PADDING_FIELDS", "ElasticSampler", "SampleKey", "SharedEpoch", "advance", "distributed_topology", "group_batch",
-           "padding_rows", "resolve_end", "resolve_key", "steps_in_epoch", "trained_end"]
+           "padding_rows", "resolve_end", "resolve_key", "resolve_keys", "steps_in_epoch", "trained_end"]
 
 
 class SampleKey(NamedTuple):
@@ -168,6 +169,43 @@ def group_batch(consumed: int, num_samples: int, config: PartitionConfig, group:
         return []
     first = consumed + group * share
     return list(range(first, first + share))
+
+
+def resolve_keys(keys: Sequence[Any], resolve: Callable[[Any], tuple[int, int]],
+                 num_samples: Callable[[int], int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(epochs, indices)`` int64 of a batch of keys, each checked as ``resolve`` checks one key (same errors).
+
+    One rule for every keyed dataset's batch path (``PackedDataset``,
+    ``MixedDataset``): ``SampleKey``s of plain ints (what ``ElasticSampler``
+    yields) are checked together (epochs >= 0, indices in ``[-1,
+    num_samples(epoch))``), any other key goes through ``resolve``. On a bad
+    key the keys are resolved one by one, so the error is the one
+    ``ds[key]`` raises for the first bad key. None when a value does not fit
+    int64 (every key resolved alone first; the caller decides).
+
+    >>> resolve_keys([SampleKey(0, 3), SampleKey(0, -1)], lambda k: k, lambda e: 10)
+    (array([0, 0]), array([ 3, -1]))
+    """
+    pairs = [k if type(k) is SampleKey and type(k[0]) is int and type(k[1]) is int else resolve(k) for k in keys]
+    try:
+        arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    except OverflowError:
+        for key in keys:
+            resolve(key)
+        return None
+    epochs, indices = arr[:, 0], arr[:, 1]
+    if len(arr) and not _keys_in_range(epochs, indices, num_samples):
+        for key in keys:
+            resolve(key)
+        raise AssertionError(f"keys {keys!r} failed the batch check but none fails alone")  # pragma: no cover
+    return epochs, indices
+
+
+def _keys_in_range(epochs: np.ndarray, indices: np.ndarray, num_samples: Callable[[int], int]) -> bool:
+    if int(epochs.min()) < 0 or int(indices.min()) < PADDING:
+        return False
+    real = indices != PADDING
+    return all(int(indices[real & (epochs == e)].max()) < num_samples(e) for e in distinct_ints(epochs[real]))
 
 
 class SharedEpoch:

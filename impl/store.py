@@ -104,7 +104,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from impl._arrays import distinct
+from impl._arrays import distinct, distinct_ints
 from impl._crc import crc32
 from impl.encoding import TokenizerInfo
 from impl.errors import (
@@ -1307,7 +1307,7 @@ class TokenStore:
             return self._values[0][positions], out_offsets
         fds = np.asarray(self._file_doc_starts, dtype=np.int64)
         doc_file = np.searchsorted(fds, docs, side="right") - 1
-        for f in distinct(doc_file).tolist():
+        for f in distinct_ints(doc_file):
             mine = doc_file == f
             local = starts[mine] - self._file_token_starts[f]
             self.check_blocks(f, local, local + lens[mine])

@@ -372,7 +372,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def __repr__(self) -> str:
         p, o = self.config.packing, self.config.ordering
         return (f"PackedDataset({str(self.store.path)!r}, seq_len={p.seq_len}, packing={p.mode!r}, "
-                f"shuffle={o.kind!r}, epoch={self.epoch})")
+                f"shuffle={'none' if o.kind == 'sequential' else o.kind!r}, epoch={self.epoch})")
 
     # ------------------------------------------------------------ the plan
 

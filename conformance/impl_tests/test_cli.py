@@ -43,6 +43,13 @@ def test_preview_marks_document_boundaries_and_masked_labels(store_dir, capsys):
     check("‹" in out and "labels masked" in out, clause="PACK-4", what="masked labels not marked")
 
 
+def test_preview_echoes_the_shuffle_as_the_user_spelled_it(store_dir, capsys):
+    for shuffle in ("none", "global"):
+        assert cli.main(["preview", str(store_dir), "--seq-len", "64", "--shuffle", shuffle, "-n", "1"]) == 0
+        out = capsys.readouterr().out
+        check(f"shuffle={shuffle!r}" in out.splitlines()[0], clause="ORD-2", what=f"preview header {out.splitlines()[0]!r}")
+
+
 @pytest.mark.clause("RES-4", "PART-1")
 def test_check_audits_resumes_across_world_sizes_and_reports_ok(store_dir, capsys):
     code = cli.main(["check", str(store_dir), "--seq-len", "32", "--shuffle", "global", "--world-sizes", "2,3",

@@ -104,6 +104,17 @@ def test_set_epoch_reaches_a_persistent_spawned_worker(make):
     assert_same(list(loader), expected_batches(ds, 2), "a spawned persistent worker after set_epoch(2)")
 
 
+@pytest.mark.clause("RES-7")
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_epoch_set_before_the_workers_start_reaches_them_and_so_does_the_next(make, context):
+    ds = make()
+    ds.set_epoch(2)     # held in the process until a copy can leave it: then moved into shared memory
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=1, persistent_workers=True, multiprocessing_context=context)
+    assert_same(list(loader), expected_batches(ds, 2), f"a {context} worker started after set_epoch(2)")
+    ds.set_epoch(3)
+    assert_same(list(loader), expected_batches(ds, 3), f"the same {context} worker after set_epoch(3)")
+
+
 def test_a_pickled_dataset_keeps_its_own_epoch(make):
     import pickle
 

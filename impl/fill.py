@@ -101,7 +101,7 @@ class TokenSource:
     [7, 5, 6]
     """
 
-    __slots__ = ("_bounds", "_check", "_files", "_load", "_located", "_starts")
+    __slots__ = ("_bounds", "_check", "_files", "_load", "_located", "_starts", "_untouched")
 
     def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
                  check: Checker | None = None, bounds: Bounds | None = None) -> None:
@@ -115,6 +115,7 @@ class TokenSource:
         self._bounds = bounds
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
         self._located = _demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
+        self._untouched = True                               # no row written yet: every document is unknown
 
     @classmethod
     def from_store(cls, store: Any) -> TokenSource:
@@ -242,11 +243,16 @@ class TokenSource:
             file = np.zeros(len(docs), dtype=_I64)
         else:
             file = np.searchsorted(self._starts, docs, side="right") - 1
-        rows = self._located[docs]
-        if not rows[:, 1].all():
-            unknown = rows[:, 1] == 0
-            self._learn(docs[unknown], file[unknown])
+        if self._untouched:   # a first batch: reading its rows would fault in a zero page per document for nothing
+            self._learn(docs, file)
+            self._untouched = False
             rows = self._located[docs]
+        else:
+            rows = self._located[docs]
+            if not rows[:, 1].all():
+                unknown = rows[:, 1] == 0
+                self._learn(docs[unknown], file[unknown])
+                rows = self._located[docs]
         return file, rows[:, 0], rows[:, 1] - 1
 
     def _learn(self, docs: np.ndarray, files: np.ndarray) -> None:

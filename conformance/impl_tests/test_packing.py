@@ -154,6 +154,36 @@ def test_token_source_locates_documents_in_their_own_files_and_names_the_fix_for
                         mentions=["document 3", "3 documents", "plan is not for this store"])
 
 
+def _bounded(source: fl.TokenSource) -> fl.TokenSource:
+    """``source``'s files behind a ``bounds`` callable (how a store's source locates documents: batch by batch)."""
+    starts = np.array([0, *np.cumsum([len(source.file(f)[1]) - 1 for f in range(source.num_files)])], dtype=np.int64)
+
+    def bounds(files, docs):
+        offsets = [np.asarray(source.file(int(f))[1]) for f in files]
+        lo = np.array([o[d] for o, d in zip(offsets, docs.tolist())], dtype=np.int64)
+        hi = np.array([o[d + 1] for o, d in zip(offsets, docs.tolist())], dtype=np.int64)
+        return lo, hi - lo
+
+    return fl.TokenSource(starts, source.file, None, bounds)
+
+
+@pytest.mark.clause("PACK-20")
+@given(files=st.lists(st.lists(st.lists(st.integers(0, 9), max_size=4), max_size=4), min_size=1, max_size=4),
+       data=st.data())
+def test_token_source_answers_every_locate_like_a_fresh_source_whatever_it_located_before(files, data):
+    n = sum(len(f) for f in files)
+    if n == 0:
+        return
+    calls = data.draw(st.lists(st.lists(st.integers(0, n - 1), min_size=1, max_size=8), min_size=1, max_size=4))
+    where = [(f, sum(len(d) for d in docs[:j]), len(docs[j])) for f, docs in enumerate(files) for j in range(len(docs))]
+    for make in (lambda: fl.TokenSource.from_files(files), lambda: _bounded(fl.TokenSource.from_files(files))):
+        used = make()
+        for docs in calls:
+            got = [a.tolist() for a in used.locate(np.array(docs))]
+            expected = [[where[d][k] for d in docs] for k in range(3)]
+            assert_equal(got, expected, clause="PACK-20", what=f"locate({docs}) after {calls}")
+
+
 def test_the_moved_fill_names_still_resolve_from_impl_packing():
     assert_equal((ip.materialize, ip.materialize_batch, ip.fill_batch, ip.TokenSource),
                  (fl.materialize, fl.materialize_batch, fl.fill_batch, fl.TokenSource), clause="PACK-20",

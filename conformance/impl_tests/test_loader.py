@@ -33,7 +33,7 @@ from reference import collation as ref_collation
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
 from reference.partition import END_POLICIES, PartitionConfig, epoch_steps, rank_batch, step_slice
-from reference.resume import PipelineConfig, ReferenceLoader, Topology, take
+from reference.resume import PipelineConfig, ReferenceLoader, Topology, make_state, take
 
 CORPUS = [[[i * 10 + j + 1 for j in range(i % 7 + 2)] for i in range(f * 9, f * 9 + 9)] for f in range(3)]
 CONFIG = PipelineConfig(packing=PackingConfig(seq_len=4, mode="concat"),
@@ -219,6 +219,25 @@ def test_set_epoch_keeps_a_resumed_position_and_restarts_any_other_epoch():
     loader.set_epoch(3)
     check((loader.epoch, loader.consumed) == (3, 0), clause="RES-7", what="set_epoch(3) did not restart at epoch 3")
     assert_raises_typed(ConfigError, loader.set_epoch, -1, clause="RES-7", what="set_epoch(-1)", mentions=["epoch=-1"])
+
+
+@pytest.mark.clause("RES-1", "COLL-9")
+@pytest.mark.parametrize("collate_fn", ["default", "list"])
+def test_a_loader_without_workers_yields_what_its_dataloader_yields_from_the_same_position(collate_fn):
+    """In one process the loader runs ``collate_fn(fetch(keys))`` itself; torch's DataLoader must agree, batch for batch."""
+    kw = {} if collate_fn == "default" else {"collate_fn": list}
+    loader = build_dataloader(dataset(), batch_size=2, **kw)
+    loader.load_state_dict(make_state(loader.fingerprint, 0, 4))
+    expected = list(loader.dataloader)               # torch's own iterator, started at the loader's position
+    got = list(loader)
+    assert_equal(len(got), len(expected), clause="RES-1", what="batches of the in-process loop")
+    for b, (g, e) in enumerate(zip(got, expected)):
+        samples = (g, e) if collate_fn == "list" else ([g], [e])
+        for one, other in zip(*samples):
+            assert_equal(sorted(one), sorted(other), clause="COLL-9", what=f"batch {b} fields")
+            for key in other:
+                check(torch.equal(torch.as_tensor(one[key]), torch.as_tensor(other[key])), clause="COLL-9",
+                      what=f"batch {b} field {key}")
 
 
 @pytest.mark.clause("RES-5", "ORD-1")

@@ -126,6 +126,8 @@ def _user_cache_dir() -> Path:
 
 
 def _writable_dir(path: Path) -> bool:
+    if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK):   # the usual case, without mkdir's failed call
+        return True
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -525,9 +527,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             expected = self._sidecar_expected(epoch)
             if any(meta.get(k) != v for k, v in expected.items()):
                 return None
-            if os.path.getsize(npy) != meta["npy_bytes"]:
-                return None
-            flat = _map_npy(npy, meta["values"], meta["npy_bytes"])
+            flat = _map_npy(npy, meta["values"], meta["npy_bytes"])   # None unless the file has that size
             layout, crcs = meta["fields"], meta["block_crc32"]
             if (flat is None or sum(n for _, _, n in layout) != len(flat)
                     or len(crcs) != -(-len(flat) // PLAN_BLOCK)):
@@ -716,8 +716,8 @@ class _BlockCheck:
 def _check_bounded(name: str, value: Any) -> None:
     """ConfigError unless ``value`` is an integer (never a bool or float) within ``_BOUNDS[name]``."""
     lo, hi, what = _BOUNDS[name]
-    require(is_integer(value) and lo <= value <= hi, ConfigError,
-            f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")
+    if not (is_integer(value) and lo <= value <= hi):   # the message only on failure: construction checks ~15 values
+        raise ConfigError(f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")
 
 
 def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:

@@ -167,8 +167,9 @@ def _checked_sizes(file_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
     """The file sizes as int64, each a non-negative integer (ORD-1, ORD-13)."""
     sizes = list(file_sizes.tolist() if isinstance(file_sizes, np.ndarray) else file_sizes)
     for i, size in enumerate(sizes):
-        require(is_integer(size) and size >= 0, ConfigError,
-                f"file_sizes[{i}]={size!r} must be a non-negative integer (the number of documents in file {i})")
+        if not (is_integer(size) and size >= 0):   # the message only on failure: a resume checks every file's size
+            raise ConfigError(f"file_sizes[{i}]={size!r} must be a non-negative integer (the number of documents in "
+                              f"file {i})")
     return np.asarray(sizes, dtype=np.int64).reshape(-1)
 
 

@@ -115,7 +115,7 @@ class TokenSource:
         self._bounds = bounds
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
         self._located = _demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
-        self._untouched = True                               # no row written yet: every document is unknown
+        self._untouched = True                               # no locate yet: the first is answered without the table
 
     @classmethod
     def from_store(cls, store: Any) -> TokenSource:
@@ -243,9 +243,12 @@ class TokenSource:
             file = np.zeros(len(docs), dtype=_I64)
         else:
             file = np.searchsorted(self._starts, docs, side="right") - 1
-        if self._untouched:   # a first batch: reading its rows would fault in a zero page per document for nothing
-            self._learn(docs, file)
+        if self._untouched:   # a first batch: its rows would each fault in a page of the table, to be read back once
             self._untouched = False
+            if self._bounds is not None:
+                start, length = self._bounds(file, docs - self._starts[file])
+                return file, start, length
+            self._learn(docs, file)
             rows = self._located[docs]
         else:
             rows = self._located[docs]

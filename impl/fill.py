@@ -106,9 +106,9 @@ class TokenSource:
     def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
                  check: Checker | None = None, bounds: Bounds | None = None) -> None:
         starts = np.asarray(file_document_starts, dtype=_I64).reshape(-1)
-        require(len(starts) >= 2 and int(starts[0]) == 0 and bool((np.diff(starts) >= 0).all()), ConfigError,
-                f"file_document_starts={starts.tolist()!r} must start at 0, never decrease and name at least one "
-                "file; pass TokenStore.file_document_starts")
+        if not (len(starts) >= 2 and int(starts[0]) == 0 and bool((starts[1:] >= starts[:-1]).all())):
+            raise ConfigError(f"file_document_starts={starts.tolist()!r} must start at 0, never decrease and name at "
+                              "least one file; pass TokenStore.file_document_starts")
         self._starts = starts
         self._load = load
         self._check = check

@@ -184,6 +184,14 @@ def test_token_source_answers_every_locate_like_a_fresh_source_whatever_it_locat
             assert_equal(got, expected, clause="PACK-20", what=f"locate({docs}) after {calls}")
 
 
+@pytest.mark.clause("PACK-20")
+@pytest.mark.parametrize("starts", [[0], [1, 2], [0, 3, 1]])
+def test_token_source_refuses_file_starts_that_do_not_start_at_zero_or_decrease(starts):
+    assert_raises_typed(ConfigError, fl.TokenSource, starts, lambda f: (np.zeros(0), np.zeros(1)), clause="PACK-20",
+                        what=f"file_document_starts={starts}", mentions=[f"file_document_starts={starts!r}",
+                                                                         "TokenStore.file_document_starts"])
+
+
 def test_the_moved_fill_names_still_resolve_from_impl_packing():
     assert_equal((ip.materialize, ip.materialize_batch, ip.fill_batch, ip.TokenSource),
                  (fl.materialize, fl.materialize_batch, fl.fill_batch, fl.TokenSource), clause="PACK-20",

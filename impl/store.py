@@ -1027,17 +1027,18 @@ class TokenStore:
         then, with the same error type.
         """
         root = Path(path)
-        if not root.exists():
-            raise StoreNotFoundError(
-                f"no token store at {root}: the directory does not exist; build it with "
-                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
-            )
-        if not root.is_dir():
-            raise StoreNotFoundError(f"{root} is a file, not a token store directory; pass the store's directory")
         meta_path = root / META_FILE
         try:
-            raw = meta_path.read_bytes()
-        except FileNotFoundError:
+            raw = meta_path.read_bytes()   # the directory is looked at only when this fails (a resume opens a store)
+        except (FileNotFoundError, NotADirectoryError):
+            if not root.exists():
+                raise StoreNotFoundError(
+                    f"no token store at {root}: the directory does not exist; build it with "
+                    f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
+                ) from None
+            if not root.is_dir():
+                raise StoreNotFoundError(
+                    f"{root} is a file, not a token store directory; pass the store's directory") from None
             raise StoreNotFoundError(
                 f"{root} has no {META_FILE}: it is not a token store (or its build never finished); build it with "
                 f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"

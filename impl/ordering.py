@@ -23,9 +23,9 @@ key per element (``impl.rng.feistel``; the same network as
 ``impl.rng.FeistelPermutation``). For a handful of positions (a sample's
 documents) ``EpochOrder`` uses impl's scalar network (``impl.rng.ScalarFeistel``)
 instead, which is bit-identical and several times faster than numpy on tiny arrays;
-from ``FEW`` positions on (a batch's documents), a global order is evaluated as one
-in-place numpy pass over all of them (``_images``); a sequential reader (a loader) gets whole blocks of ``BLOCK`` positions
-evaluated at once and cached (a few blocks, never the whole order).
+from ``FEW`` positions on (a batch's documents), a global order is evaluated in one
+array pass (``impl.rng.feistel``, its last cycle-walks finished by the scalar network);
+a sequential reader (a loader) gets whole blocks of ``BLOCK`` positions evaluated at once and cached (a few blocks, never the whole order).
 
 Worked example (files of 3, 0 and 2 documents; the reference's own example)::
 
@@ -48,22 +48,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from impl.errors import ConfigError, is_integer, require
-from impl.rng import (
-    _C1,
-    _C2,
-    GOLDEN_GAMMA,
-    MASK64,
-    FeistelPermutation,
-    ScalarFeistel,
-    Stream,
-    derive_key,
-    feistel,
-    feistel_half_bits,
-    mix64,
-    subkey,
-)
+from impl.rng import GOLDEN_GAMMA, MASK64, FeistelPermutation, ScalarFeistel, Stream, derive_key, feistel, mix64, subkey
 from reference.ordering import OrderingConfig
-from reference.rng import FEISTEL_ROUNDS
 
 __all__ = ["BUFFER_MESSAGE", "SUPPORTED_KINDS", "EpochOrder", "epoch_order", "file_order", "order_at"]
 
@@ -83,84 +69,15 @@ SCALAR_LIMIT = 32
 per position (measured: scalar is faster up to ~24-32 positions). A global order switches at ``FEW``."""
 
 FEW = 16
-"""From this many positions on, a global order is one in-place numpy pass over all of them (``_images``: ~70-80 us
-from 12 to 100 positions, 0.18 ms for a block of 2048, where ``impl.rng.feistel`` takes 0.15 and 0.3 ms) rather than
+"""From this many positions on, a global order is one in-place numpy pass over all of them (``impl.rng.feistel``: ~70-80 us
+from 12 to 100 positions, 0.18 ms for a block of 2048, where its previous version took 0.15 and 0.3 ms) rather than
 ``ScalarFeistel`` (~5 us per position). A fresh resume's first batch at L asks 25-41 positions at once."""
-
-WALK_SCALAR = 8
-"""Up to this many positions still outside ``[0, n)`` after a pass are finished by ``ScalarFeistel`` (cycle-walking
-sends ~5 % of positions round again when ``n`` is just below a power of 4; another numpy pass costs ~10 of them)."""
 
 BLOCK = 2048
 """Positions per cached block of an epoch's order: a loader reads consecutive positions, so once two lookups fall in
 one block ``EpochOrder`` evaluates the whole block in one vectorised pass (~0.2 ms, ~0.1 us per position) and
 answers the next ~600 samples' lookups from it."""
 BLOCKS_KEPT = 4
-
-
-_ROUND_BASES = tuple(_U(r << 32) for r in range(FEISTEL_ROUNDS))
-_SHIFTS = (_U(30), _U(27), _U(31))
-
-
-def _mix_in_place(z: np.ndarray, scratch: np.ndarray) -> None:
-    """SplitMix64's finaliser (RNG-2) on uint64 ``z`` in place (``scratch``: a buffer of its shape)."""
-    for shift, factor in zip(_SHIFTS, (_C1, _C2)):
-        np.right_shift(z, shift, out=scratch)
-        np.bitwise_xor(z, scratch, out=z)
-        np.multiply(z, factor, out=z)
-    np.right_shift(z, _SHIFTS[2], out=scratch)
-    np.bitwise_xor(z, scratch, out=z)
-
-
-def _encrypt(x: np.ndarray, half: int, key: np.uint64) -> np.ndarray:
-    """One application of RNG-5's Feistel network (no cycle-walking) to uint64 ``x``: a new uint64 array.
-
-    Why its own loop and not ``impl.rng.feistel``'s: every step writes into
-    one of four buffers (no temporary per operation, no ``np.errstate``
-    around each multiplication: uint64 arrays wrap silently), which halves
-    the fixed cost of a pass over a few dozen positions, where that cost is
-    all there is.
-    """
-    mask = _U((1 << half) - 1)
-    left: np.ndarray = np.right_shift(x, _U(half))
-    right: np.ndarray = np.bitwise_and(x, mask)
-    f, scratch = np.empty_like(x), np.empty_like(x)
-    for base in _ROUND_BASES:          # (L, R) -> (R, L ^ F_r(R)), F_r(R) = mix64(key ^ mix64(r << 32 | R)) & mask
-        np.bitwise_or(right, base, out=f)
-        _mix_in_place(f, scratch)
-        np.bitwise_xor(f, key, out=f)
-        _mix_in_place(f, scratch)
-        np.bitwise_and(f, mask, out=f)
-        np.bitwise_xor(f, left, out=f)
-        left, right, f = right, f, left
-    np.left_shift(left, _U(half), out=left)
-    np.bitwise_or(left, right, out=left)
-    return left
-
-
-def _images(n: int, key: int, positions: np.ndarray, scalar: ScalarFeistel) -> np.ndarray:
-    """``FeistelPermutation(n, key)(positions)`` as int64: batched passes, the last few cycle-walks by ``scalar``.
-
-    ``scalar`` is ``ScalarFeistel(n, key)``; a position still outside
-    ``[0, n)`` after the passes is evaluated by it from the start, which
-    walks the same cycle.
-
-    >>> from impl.rng import FeistelPermutation as P
-    >>> pos = np.arange(0, 1000, 7)
-    >>> bool((_images(1000, 9, pos, ScalarFeistel(1000, 9)) == P(1000, 9)(pos)).all())
-    True
-    """
-    flat = positions.reshape(-1)
-    half, k, bound = feistel_half_bits(n), _U(key), _U(n)
-    out = _encrypt(flat.astype(_U), half, k)
-    pending = np.flatnonzero(out >= bound)
-    while pending.size > WALK_SCALAR:
-        out[pending] = _encrypt(out[pending], half, k)
-        pending = pending[out[pending] >= bound]
-    images = out.astype(np.int64)
-    for j in pending.tolist():
-        images[j] = scalar(int(flat[j]))
-    return images.reshape(positions.shape)
 
 
 def _checked_sizes(file_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -298,7 +215,7 @@ class EpochOrder:
 
     def _vector(self, pos: np.ndarray) -> np.ndarray:
         if self._perm is not None:
-            return _images(self.n, self._perm.key, pos, self._scalar_global(self._perm))
+            return feistel(self.n, self._perm.key, pos, finish=self._scalar_global(self._perm))
         flat = pos.reshape(-1)
         s = _window_source(self.n, self._window, self._key, flat)
         j = np.searchsorted(self._file_cum, s, side="right") - 1

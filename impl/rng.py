@@ -168,35 +168,80 @@ def unit(key: int, counters: np.ndarray) -> np.ndarray:
     return (draw(key, counters) >> _U(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def feistel(n: int, keys: int | np.ndarray, x: np.ndarray) -> np.ndarray:
+_SHIFTS = (_U(30), _U(27), _U(31))
+
+WALK_SCALAR = 8
+"""With a ``ScalarFeistel`` to finish them, up to this many positions still outside ``[0, n)`` after a pass are
+evaluated by it (cycle-walking sends ~5 % of positions round again when ``n`` is just below a power of 4; another
+array pass over a few of them costs about ten scalar evaluations)."""
+
+
+def _mix_in_place(z: np.ndarray, scratch: np.ndarray) -> None:
+    """SplitMix64's finaliser (RNG-2) on uint64 ``z`` in place (``scratch``: a buffer of its shape)."""
+    for shift, factor in zip(_SHIFTS, (_C1, _C2)):
+        np.right_shift(z, shift, out=scratch)
+        np.bitwise_xor(z, scratch, out=z)
+        np.multiply(z, factor, out=z)
+    np.right_shift(z, _SHIFTS[2], out=scratch)
+    np.bitwise_xor(z, scratch, out=z)
+
+
+def _encrypt(x: np.ndarray, half: int, keys: np.uint64 | np.ndarray) -> np.ndarray:
+    """One application of RNG-5's Feistel network (no cycle-walking) to uint64 ``x``: a new uint64 array.
+
+    Why four buffers written in place: no temporary per operation and no
+    ``np.errstate`` around each multiplication (uint64 arrays wrap
+    silently) halves the fixed cost of a pass, which is all there is for the
+    few dozen positions of a resumed loader's first batch.
+    """
+    mask = _U((1 << half) - 1)
+    left: np.ndarray = np.right_shift(x, _U(half))
+    right: np.ndarray = np.bitwise_and(x, mask)
+    f, scratch = np.empty_like(x), np.empty_like(x)
+    for base in _ROUND_KEYS:          # (L, R) -> (R, L ^ F_r(R)), F_r(R) = mix64(key ^ mix64(r << 32 | R)) & mask
+        np.bitwise_or(right, base, out=f)
+        _mix_in_place(f, scratch)
+        np.bitwise_xor(f, keys, out=f)
+        _mix_in_place(f, scratch)
+        np.bitwise_and(f, mask, out=f)
+        np.bitwise_xor(f, left, out=f)
+        left, right, f = right, f, left
+    np.left_shift(left, _U(half), out=left)
+    np.bitwise_or(left, right, out=left)
+    return left
+
+
+def feistel(n: int, keys: int | np.ndarray, x: np.ndarray, *, finish: ScalarFeistel | None = None) -> np.ndarray:
     """``reference.rng.FeistelPermutation(n, keys[j])(x[j])`` for every j, as int64 (RNG-5).
 
     ``keys`` is one key for all elements or one per element: the window shuffle
     permutes every window with its own sub-key, and evaluating all windows of
     one size together turns a Python loop over windows into a few array passes.
+    ``finish`` (``ScalarFeistel(n, key)`` of the one key) evaluates the last
+    ``WALK_SCALAR`` or fewer cycle-walking positions from the start, which walks
+    the same cycle for less than another array pass.
 
     >>> from reference.rng import FeistelPermutation as Ref
     >>> feistel(5, np.array([7, 9, 7], dtype=np.uint64), np.array([1, 1, 4])).tolist() == [Ref(5, 7)(1), Ref(5, 9)(1), Ref(5, 7)(4)]
     True
+    >>> pos = np.arange(0, 1000, 7)
+    >>> feistel(1000, 9, pos, finish=ScalarFeistel(1000, 9)).tolist() == [Ref(1000, 9)(p) for p in pos.tolist()]
+    True
     """
     half = feistel_half_bits(n)
-    h, mask = _U(half), _U((1 << half) - 1)
-    x = np.asarray(x, dtype=_U)
-    keys = np.broadcast_to(np.asarray(keys, dtype=_U), x.shape)
-
-    def encrypt(v: np.ndarray, k: np.ndarray) -> np.ndarray:
-        left, right = v >> h, v & mask
-        for r in range(FEISTEL_ROUNDS):
-            left, right = right, left ^ (mix64(k ^ mix64(_ROUND_KEYS[r] | right)) & mask)
-        return (left << h) | right
-
-    out = encrypt(x, keys)
+    flat = np.asarray(x, dtype=_U).reshape(-1)
+    key_array = np.broadcast_to(np.asarray(keys, dtype=_U), np.shape(x)).reshape(-1) if np.ndim(keys) else None
+    out = _encrypt(flat, half, _U(keys) if key_array is None else key_array)
     bound = _U(n)
     pending = np.flatnonzero(out >= bound)
-    while pending.size:
-        out[pending] = encrypt(out[pending], keys[pending])
+    while pending.size > (0 if finish is None else WALK_SCALAR):
+        out[pending] = _encrypt(out[pending], half, _U(keys) if key_array is None else key_array[pending])
         pending = pending[out[pending] >= bound]
-    return out.astype(np.int64)
+    images = out.astype(np.int64)
+    if finish is not None:
+        for j in pending.tolist():
+            images[j] = finish(int(flat[j]))
+    return images.reshape(np.shape(x))
 
 
 class FeistelPermutation:

@@ -19,7 +19,7 @@ from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed
 from impl import ordering as io
 from impl.errors import ConfigError
-from impl.rng import ScalarFeistel
+from impl.rng import ScalarFeistel, feistel
 from reference import ordering as ro
 from reference.ordering import OrderingConfig
 from reference.rng import FeistelPermutation as ReferenceFeistel
@@ -166,18 +166,19 @@ permutation_sizes = st.one_of(st.integers(1, 5000), st.sampled_from([4 ** k + d 
 @pytest.mark.clause("ORD-9", "RNG-5")
 @given(n=permutation_sizes, key=st.integers(0, 2 ** 64 - 1), data=st.data())
 def test_the_batched_feistel_pass_equals_the_scalar_network_and_the_reference_at_any_positions(n, key, data):
-    """``_images`` (one in-place numpy pass, cycle-walks batched or finished by ``ScalarFeistel``) is bit for bit RNG-5.
+    """``impl.rng.feistel`` (in-place array passes, cycle-walks batched or finished by ``ScalarFeistel``) is bit for bit RNG-5.
 
     Sizes just above a power of 4 send most positions round the cycle again
     (several batched passes); just below, a few (finished by the scalar network).
     """
     positions = data.draw(st.lists(st.integers(0, n - 1), max_size=300))
     scalar = ScalarFeistel(n, key)
-    got = io._images(n, key, np.array(positions, dtype=np.int64), scalar)
     reference = ReferenceFeistel(n, key)
-    assert_equal(got.dtype, np.dtype(np.int64), clause="RNG-5", what="dtype of the batched images")
-    assert_equal(got.tolist(), [reference(p) for p in positions], clause="RNG-5",
-                 what=f"batched Feistel images of {positions} (n={n}, key={key})")
+    for finish in (scalar, None):
+        got = feistel(n, key, np.array(positions, dtype=np.int64), finish=finish)
+        assert_equal(got.dtype, np.dtype(np.int64), clause="RNG-5", what="dtype of the batched images")
+        assert_equal(got.tolist(), [reference(p) for p in positions], clause="RNG-5",
+                     what=f"batched Feistel images of {positions} (n={n}, key={key}, finish={finish})")
     assert_equal(got.tolist(), [scalar(p) for p in positions], clause="RNG-5",
                  what=f"batched vs ScalarFeistel (n={n}, key={key})")
 

@@ -35,6 +35,7 @@ __all__ = [
     "EmptyDataError",
     "LoadspecError",
     "LockTimeoutError",
+    "SharedEpochError",
     "SourceError",
     "SplitError",
     "StateError",
@@ -107,3 +108,7 @@ class UnsafeOutputError(StoreError):
 
 class UnguardedMainError(ConfigError):
     """A build was started while a spawned child re-imported ``__main__``: the script lacks its ``__main__`` guard."""
+
+
+class SharedEpochError(LoadspecError, RuntimeError):
+    """``set_epoch`` cannot reach forked workers: the epoch's shared-memory cell could not be allocated before a fork."""

@@ -38,15 +38,16 @@ from __future__ import annotations
 
 import operator
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, SupportsIndex
+from typing import Any, NamedTuple, Self, SupportsIndex
 
 import numpy as np
 import torch
 
 from impl._arrays import distinct_ints
-from impl.errors import ConfigError, StateError, TopologyError, is_int, is_integer, require
+from impl.errors import ConfigError, SharedEpochError, StateError, TopologyError, is_int, is_integer, require
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, PackingConfig
 from reference.partition import END_POLICIES, PADDING, PartitionConfig
 
@@ -230,10 +231,19 @@ class SharedEpoch:
     workers inherit it) and when the dataset is pickled or copied
     (``__reduce_ex__``: spawned workers share it).
 
+    If the cell cannot be allocated before a fork, the fork goes ahead (a
+    fork hook cannot refuse) with a ``RuntimeWarning``, and every later
+    ``set_epoch`` raises ``SharedEpochError``: forked workers would not see it.
+
     >>> class Keyed(SharedEpoch): pass
     >>> ds = Keyed(); ds.set_epoch(3); ds.epoch
     3
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        self = super().__new__(cls)
+        _UNSHARED[id(self)] = self     # every instance, so a fork shares even an epoch that was never set
+        return self
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch a plain int index refers to (keys carry their own), in this process and in DataLoader workers."""
@@ -251,6 +261,12 @@ class SharedEpoch:
     def epoch(self, value: int) -> None:
         cell = self.__dict__.get("_epoch_cell")
         if cell is None:
+            failure = self.__dict__.get("_share_failure")
+            if failure is not None:
+                raise SharedEpochError(
+                    f"set_epoch({value}) cannot reach this dataset's forked workers: its epoch could not be put in "
+                    f"shared memory before the fork ({failure}); free shared memory (/dev/shm) and restart the "
+                    "workers, or use build_dataloader, whose keys carry their epoch")
             self._epoch_value = int(value)
             _UNSHARED[id(self)] = self
         else:
@@ -277,7 +293,14 @@ _UNSHARED: weakref.WeakValueDictionary[int, SharedEpoch] = weakref.WeakValueDict
 
 def _share_before_fork() -> None:
     for dataset in list(_UNSHARED.values()):
-        dataset._share_epoch()
+        try:
+            dataset._share_epoch()
+        except (OSError, RuntimeError) as exc:   # a fork hook cannot refuse the fork: so set_epoch refuses later
+            dataset.__dict__["_share_failure"] = f"{type(exc).__name__}: {exc}"
+            _UNSHARED.pop(id(dataset), None)
+            warnings.warn(f"{type(dataset).__name__}'s epoch could not be put in shared memory before os.fork "
+                          f"({type(exc).__name__}: {exc}); set_epoch will refuse, as forked workers would not see it",
+                          RuntimeWarning, stacklevel=2)
 
 
 os.register_at_fork(before=_share_before_fork)

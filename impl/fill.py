@@ -66,6 +66,7 @@ _NO_TOKENS = np.zeros(0, dtype=_I64)
 Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
 Checker = Callable[[int, np.ndarray, np.ndarray], None]
 Bounds = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+RunsChecker = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
 # ------------------------------------------------------------------ tokens
@@ -84,9 +85,13 @@ class TokenSource:
     checked offsets: documents are then located as batches name them, all of
     a batch's in one call (the offsets returned by ``load`` are never read);
     without it, a file's offsets are copied whole at its first use.
+    ``check_runs(files, starts, stops)``, when given, is called instead of
+    ``check`` with all of a batch's runs at once (one call a batch, not one a
+    file touched); ``check`` still serves :meth:`concat`.
     :meth:`from_store` wires these to ``TokenStore._map`` (which maps a file
-    the first time it is asked for), ``TokenStore.check_blocks`` and
-    ``TokenStore.document_bounds_batch``; nothing is read at construction.
+    the first time it is asked for), ``TokenStore.check_blocks``,
+    ``TokenStore.document_bounds_batch`` and
+    ``TokenStore.check_blocks_batch``; nothing is read at construction.
 
     Why per document: a fresh resume's first batch names a few documents in
     each of many files; checking and copying each file's whole offsets
@@ -101,10 +106,11 @@ class TokenSource:
     [7, 5, 6]
     """
 
-    __slots__ = ("_bounds", "_check", "_files", "_load", "_located", "_starts", "_untouched")
+    __slots__ = ("_bounds", "_check", "_check_runs", "_files", "_load", "_located", "_starts", "_untouched")
 
     def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
-                 check: Checker | None = None, bounds: Bounds | None = None) -> None:
+                 check: Checker | None = None, bounds: Bounds | None = None, check_runs: RunsChecker | None = None
+                 ) -> None:
         starts = np.asarray(file_document_starts, dtype=_I64).reshape(-1)
         if not (len(starts) >= 2 and int(starts[0]) == 0 and bool((starts[1:] >= starts[:-1]).all())):
             raise ConfigError(f"file_document_starts={starts.tolist()!r} must start at 0, never decrease and name at "
@@ -113,6 +119,7 @@ class TokenSource:
         self._load = load
         self._check = check
         self._bounds = bounds
+        self._check_runs = check_runs
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
         self._located = _demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
         self._untouched = True                               # no locate yet: the first is answered without the table
@@ -127,7 +134,8 @@ class TokenSource:
         bounds = getattr(store, "document_bounds_batch", None)
         if bounds is None:
             return cls(store.file_document_starts, store._part, store.check_blocks)
-        return cls(store.file_document_starts, store._map, store.check_blocks, bounds)
+        return cls(store.file_document_starts, store._map, store.check_blocks, bounds,
+                   getattr(store, "check_blocks_batch", None))
 
     @classmethod
     def from_files(cls, files: Sequence[Sequence[Sequence[int]]], dtype: Any = np.int64) -> TokenSource:
@@ -275,17 +283,21 @@ class TokenSource:
 
         A ``dest`` at or past ``len(out)`` addresses ``tail`` instead (at
         ``dest - len(out)``): the fill reads a batch's token grid and each
-        piece's token after it in one pass. First, per file touched, one
-        ``check(file, starts, stops)`` of all its runs; then one slice copy
+        piece's token after it in one pass. First one ``check_runs`` of all
+        the runs (else, per file touched, one ``check(file, starts, stops)``
+        of its runs); then one slice copy
         per run (long runs: a packed sample is a few long pieces) or one
         fancy index over all the tokens (many short runs).
         """
         if not len(files):
             return
         groups = self._groups(files)
+        check = None if self._check_runs is not None else self._check
+        if self._check_runs is not None:
+            self._check_runs(files, starts, stops)
         for f, sel in groups:
-            if self._check is not None:
-                self._check(f, starts if sel is None else starts[sel], stops if sel is None else stops[sel])
+            if check is not None:
+                check(f, starts if sel is None else starts[sel], stops if sel is None else stops[sel])
             self.file(f)
         widths = stops - starts
         T = len(out)

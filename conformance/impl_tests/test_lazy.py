@@ -127,17 +127,38 @@ def test_a_resumed_loader_maps_only_the_files_of_its_first_batch(store_dir, coun
 
 
 def record_checks(store: TokenStore) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    calls: list[tuple[int, np.ndarray, np.ndarray]] = []
-    real = store.check_blocks
+    """Record what the store's block checks are handed: per file, its runs, from ``check_blocks`` or per batch.
 
-    def check_blocks(file, starts, stops):
+    A ``check_blocks_batch`` call is recorded as one entry per file it names
+    (and the ``check_blocks`` calls it makes itself are not recorded again).
+    """
+    calls: list[tuple[int, np.ndarray, np.ndarray]] = []
+    real, real_batch = store.check_blocks, store.check_blocks_batch
+    inside = []
+
+    def arrays(starts, stops):
         starts, stops = np.asarray(starts), np.asarray(stops)
         check(starts.dtype == np.int64 and stops.dtype == np.int64 and starts.shape == stops.shape, clause="PACK-20",
-              what=f"check_blocks arguments {starts.dtype}/{stops.dtype} {starts.shape}/{stops.shape}")
-        calls.append((int(file), starts.copy(), stops.copy()))
+              what=f"block check arguments {starts.dtype}/{stops.dtype} {starts.shape}/{stops.shape}")
+        return starts.copy(), stops.copy()
+
+    def check_blocks(file, starts, stops):
+        if not inside:
+            calls.append((int(file), *arrays(starts, stops)))
         real(file, starts, stops)
 
+    def check_blocks_batch(files, starts, stops):
+        starts, stops = arrays(starts, stops)
+        files = np.asarray(files)
+        calls.extend((int(f), starts[files == f], stops[files == f]) for f in np.unique(files))
+        inside.append(True)
+        try:
+            real_batch(files, starts, stops)
+        finally:
+            inside.pop()
+
     store.check_blocks = check_blocks
+    store.check_blocks_batch = check_blocks_batch
     return calls
 
 

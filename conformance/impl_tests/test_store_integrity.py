@@ -13,6 +13,7 @@ an oracle independent of impl (pyarrow's own buffer addresses in the file).
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import multiprocessing
 import pickle
@@ -249,28 +250,48 @@ def test_a_range_in_verified_blocks_is_not_crcd_again_but_an_unverified_neighbou
     assert counting.calls == after_map + 2
 
 
-def test_a_first_read_in_file_order_verifies_a_bounded_window_ahead_and_a_random_first_read_does_not(large, monkeypatch):
-    counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
-    store = TokenStore.open(large)
-    store.check_blocks(0, np.array([0]), np.array([1]))
+def _block_reader(store: TokenStore, counting: _CountingCrc):
+    """``read(k)``: check one token of value block ``k`` of file 0; returns how many blocks that CRC'd."""
+    store.check_blocks(0, np.array([0]), np.array([0]))  # maps file 0, checks nothing
     blocks = store._blocks[0]
-    assert blocks is not None and blocks.count > 3 * store_module._READ_AHEAD
-
-    def first_token(k: int) -> int:
-        return max(0, -(-(k * blocks.block - blocks.base) // blocks.itemsize))
+    assert blocks is not None
 
     def read(k: int) -> int:
+        token = max(0, -(-(k * blocks.block - blocks.base) // blocks.itemsize))
         before = counting.calls
-        store.check_blocks(0, np.array([first_token(k)]), np.array([first_token(k) + 1]))
+        store.check_blocks(0, np.array([token]), np.array([token + 1]))
         return counting.calls - before
 
-    first = (blocks.base) // blocks.block
+    return blocks, read
+
+
+def test_a_first_read_in_file_order_verifies_a_growing_bounded_window_ahead_once_its_streak_is_long(large, monkeypatch):
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    blocks, read = _block_reader(TokenStore.open(large), counting)
+    first = blocks.base // blocks.block + 1
+    threshold = store_module._READ_AHEAD_AFTER // blocks.block
+    assert blocks.count > first + 4 * blocks.read_ahead > first + 4 * threshold
+    costs = [read(k) for k in range(first, blocks.count)]
+    assert costs[:threshold - 1] == [1] * (threshold - 1), "no read-ahead before the streak is long enough"
+    windows = [c for c in costs[threshold - 1:] if c]
+    assert all(w > 1 for w in windows) and max(windows) == 1 + blocks.read_ahead, windows
+    assert windows[:-1] == sorted(windows[:-1]), "the window grows with the streak, up to read_ahead"
+    assert sum(costs) == blocks.count - first, "every block is CRC'd once, none skipped, none twice"
+    assert len(windows) < len(costs) // 4
+
+
+def test_a_random_first_read_verifies_only_its_own_blocks_even_next_to_verified_ones(large, monkeypatch):
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    blocks, read = _block_reader(TokenStore.open(large), counting)
+    first = blocks.base // blocks.block + 1
     middle = blocks.count // 2
-    assert read(middle) == 1, "a first read after an unverified block verifies only its own block"
-    assert read(first + 1) == 1 + store_module._READ_AHEAD, "a read continuing a verified run reads ahead"
-    assert [read(k) for k in range(first + 2, first + 2 + store_module._READ_AHEAD)] == [0] * store_module._READ_AHEAD
-    assert read(first + 2 + store_module._READ_AHEAD) == 1 + store_module._READ_AHEAD
+    assert read(middle) == 1
+    assert read(middle + 1) == 1, "a document read in two pieces (a short streak) does not read ahead"
+    assert read(middle - 1) == 1, "a verified neighbour is not a streak"
+    order = np.random.default_rng(5).permutation(np.arange(first, blocks.count)).tolist()
+    assert {read(k) for k in order} <= {0, 1}
 
 
 def test_a_changed_block_inside_the_read_ahead_window_is_refused_before_its_tokens_are_served(large):
@@ -614,3 +635,116 @@ def test_document_bounds_batch_gives_every_documents_checked_bounds_whichever_pa
     assert got_length.tolist() == (offsets[docs + 1] - offsets[docs]).tolist()
     with pytest.raises(IndexError, match="out of range"):
         clean.document_bounds_batch(np.array([0]), np.array([starts[1] - starts[0]]))
+
+
+# --------------------------------------------------------------------------- random batches over several files
+
+
+def _shuffled_batches(store: TokenStore, seed: int, runs_per_batch: int = 12) -> list[list[tuple[int, int, int]]]:
+    """Every document of every file as ``(file, start, stop)`` runs (cut in up to 3 pieces), shuffled into batches."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for f in range(store.num_files):
+        offsets = np.asarray(store._offsets[f]).tolist()
+        for a, b in itertools.pairwise(offsets):
+            cuts = sorted({a, b, *rng.integers(a, b + 1, size=2).tolist()})
+            runs += [(f, x, y) for x, y in itertools.pairwise(cuts)]
+    order = rng.permutation(len(runs)).tolist()
+    shuffled = [runs[k] for k in order]
+    return [shuffled[k:k + runs_per_batch] for k in range(0, len(shuffled), runs_per_batch)]
+
+
+def _value_bytes_to_change(store_dir: Path, store: TokenStore, seed: int) -> list[tuple[int, int]]:
+    """``(file, byte)``: in every file, a byte of token values in its first, its last and two random value blocks."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for f, rec in enumerate(store.file_records):
+        values_at, _, _ = _layout(store_dir / rec.name)
+        end = values_at + rec.num_tokens * store.dtype.itemsize
+        picks = [values_at, end - 1, *rng.integers(values_at, end, size=2).tolist()]
+        out += [(f, int(at)) for at in picks]
+    return out
+
+
+def test_a_changed_byte_in_any_value_block_is_refused_by_a_batch_check_before_any_token_of_its_block_is_served(four):
+    clean = TokenStore.open(four)
+    batches = _shuffled_batches(clean, seed=7)
+    assert all(len({f for f, _, _ in batch}) > 1 for batch in batches[:-1]), "each batch spans several files"
+    item = clean.dtype.itemsize
+    for f, at in _value_bytes_to_change(four, clean, seed=11):
+        path = four / clean.file_records[f].name
+        values_at = _layout(path)[0]
+        block = at // SMALL_BLOCK
+        _flip(path, at)
+        try:
+            store = TokenStore.open(four)
+            refused = None
+            for k, batch in enumerate(batches):
+                files, starts, stops = (np.array(column, dtype=np.int64) for column in zip(*batch))
+                try:
+                    store.check_blocks_batch(files, starts, stops)
+                except StoreCorruptError as exc:
+                    refused = (k, str(exc))
+                    break
+                served = [(g, (values_at + x * item) // SMALL_BLOCK, (values_at + y * item - 1) // SMALL_BLOCK)
+                          for g, x, y in batch if g == f]
+                assert not any(lo <= block <= hi for _, lo, hi in served), f"block {block} of file {f} was served"
+            assert refused is not None, f"the changed byte {at} of file {f} was never refused"
+            assert f"{path.name} changed since it was built: block {block} " in refused[1]
+        finally:
+            _flip(path, at)  # restore it for the next byte
+
+
+def test_a_loader_under_a_global_shuffle_refuses_a_changed_value_or_offsets_block_before_serving_any_of_its_tokens(
+        four, tmp_path):
+    from impl.dataset import PackedDataset
+
+    clean = TokenStore.open(four)
+    starts = np.asarray(clean.file_document_starts)
+    changes = {"values": ("tokens-00002.arrow", _middle_value_byte(four / "tokens-00002.arrow")[0]),
+               "offsets": ("tokens-00001.arrow", _layout(four / "tokens-00001.arrow")[1] + 8 * 60 + 3)}
+    for what, (name, at) in changes.items():
+        f = clean.file_records.index(next(r for r in clean.file_records if r.name == name))
+        values_at, offsets_at, _ = _layout(four / name)
+        block = at // SMALL_BLOCK
+        _flip(four / name, at)
+        try:
+            ds = PackedDataset(TokenStore.open(four), seq_len=64, packing="concat", shuffle="global", seed=3,
+                               cache_dir=tmp_path)
+            with pytest.raises(StoreCorruptError, match=rf"{name} changed since it was built: block {block} "):
+                for first in range(0, len(ds), 8):
+                    batch = ds.samples(0, range(first, min(first + 8, len(ds))))
+                    keep = batch["doc_ids"] >= 0
+                    docs, offsets = batch["doc_ids"][keep], batch["token_offsets"][keep]
+                    mine = np.searchsorted(starts, docs, side="right") - 1 == f
+                    local, offsets = docs[mine] - starts[f], offsets[mine]
+                    if what == "offsets":  # each served document's two offsets entries
+                        used = {(offsets_at + 8 * d + j) // SMALL_BLOCK for d in local.tolist() for j in (0, 15)}
+                    else:  # each served token: an input at its offset, its label at the next (when in the document)
+                        bounds = np.asarray(clean._offsets[f])
+                        tokens = np.concatenate((bounds[local] + offsets, np.minimum(bounds[local] + offsets + 1,
+                                                                                      bounds[local + 1] - 1)))
+                        used = set(((values_at + 2 * tokens) // SMALL_BLOCK).tolist())
+                    assert block not in used, f"a token of the changed {what} block {block} was served"
+        finally:
+            _flip(four / name, at)
+
+
+@pytest.mark.parametrize("edge", ["ends one token into it", "starts at its last token"])
+def test_a_run_touching_a_changed_block_by_one_token_is_refused_by_both_block_checks(four, edge):
+    path = four / "tokens-00001.arrow"
+    at, _ = _middle_value_byte(path)
+    values_at = _layout(path)[0]
+    block = at // SMALL_BLOCK
+    first_token = -(-(block * SMALL_BLOCK - values_at) // 2)
+    last_token = ((block + 1) * SMALL_BLOCK - values_at) // 2 - 1
+    ends_in = edge == "ends one token into it"
+    a, b = (first_token - 40, first_token + 1) if ends_in else (last_token, last_token + 40)
+    _flip(path, at)
+    pattern = _block_pattern(path, at, SMALL_BLOCK)
+    with pytest.raises(StoreCorruptError, match=pattern):
+        TokenStore.open(four).check_blocks(1, np.array([a]), np.array([b]))
+    with pytest.raises(StoreCorruptError, match=pattern):
+        TokenStore.open(four).check_blocks_batch(np.array([0, 1, 3]), np.array([5, a, 7]), np.array([9, b, 8]))
+    short = first_token if ends_in else a  # the same run stopping short of the block
+    TokenStore.open(four).check_blocks_batch(np.array([0, 1, 3]), np.array([5, a, 7]), np.array([9, short, 8]))

@@ -30,12 +30,17 @@ yet verified):
   file before it checks the few offsets and token blocks it reads.
 
 ``impl-first-vs-verified``: what a first read really adds, in the loader's
-own fill path: each round iterates the batches twice, alternately, on a new
-dataset over a new store object whose blocks are all unverified (every check
-a first read: CRCs plus the bookkeeping of a first read) and on one whose
-blocks were all verified before (untimed); both locate every document anew.
-``extra_info["first_read_overhead"]`` is the median over rounds of
-first / verified - 1: issue 8's figure (target <= 5 % at L in file order).
+own fill path: each round iterates the batches three times, alternately, on a
+new dataset over a new store object whose blocks are all unverified (every
+check a first read: CRCs plus the bookkeeping of a first read), on one whose
+blocks were all verified before (untimed), and on a new store object whose
+files carry no block checks (``unchecked``: what a fresh mapping costs
+without any check, its first-touch page faults and cold reads); all locate
+every document anew. ``extra_info["first_read_overhead"]`` is the median over
+rounds of first / verified - 1: issue 8's figure (target <= 5 % at L);
+``check_overhead`` is first / unchecked - 1, the checks' own share of it
+(under a global shuffle a fresh mapping alone costs a few per cent, which no
+check can remove), ``fresh_map_overhead`` unchecked / verified - 1.
 ``check_fraction`` of ``impl+check-*`` is an upper bound of it: a second,
 separate ``check_blocks`` call per file per batch, on cold caches, on top of
 the fill path's own.
@@ -140,10 +145,19 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, impl
         ds0 = impl_datasets(w.shuffle)
         n = len(batch_groups(w.shuffle))
         state0 = harness.impl_state(harness.impl_loader(ds0, batch_size=TPUT_BATCH), 0)
-        pairs: list[tuple[float, float]] = []
+        triples: list[tuple[float, float, float]] = []
 
-        def iterate(verified: bool) -> tuple[float, int]:
-            store = _verified(corpus) if verified else TokenStore.open(corpus.store())
+        def unchecked_store():
+            with monkeypatch.context() as patch:
+                patch.setattr(TokenStore, "_new_blocks", lambda self, *args: None)
+                store = TokenStore.open(corpus.store())
+                for f in range(store.num_files):
+                    store._map(f)  # mapped now (no block checks), read lazily like the others
+            return store
+
+        def iterate(kind: str) -> tuple[float, int]:
+            store = {"first": lambda: TokenStore.open(corpus.store()), "verified": lambda: _verified(corpus),
+                     "unchecked": unchecked_store}[kind]()
             ds = PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle=w.shuffle, seed=0)
             loader = harness.impl_loader(ds, batch_size=TPUT_BATCH, num_workers=0)
             loader.load_state_dict(state0)
@@ -156,19 +170,21 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, impl
             return time.perf_counter() - start, tokens
 
         def target():
-            first, tokens = iterate(False)
-            verified, _ = iterate(True)
-            pairs.append((first, verified))
+            first, tokens = iterate("first")
+            verified, _ = iterate("verified")
+            unchecked, _ = iterate("unchecked")
+            triples.append((first, verified, unchecked))
             counted.update(tokens=tokens, batches=n)
 
         benchmark.extra_info.update(kind="integrity", mode=w.mode, shuffle=w.shuffle, size=corpus.size,
                                     seq_len=SEQ_LEN, cache="warm")
         benchmark.pedantic(target, rounds=1 if smoke else 5)
-        first_s = float(np.median([a for a, _ in pairs]))
-        verified_s = float(np.median([b for _, b in pairs]))
+        first_s, verified_s, unchecked_s = (float(np.median(column)) for column in zip(*triples))
         benchmark.extra_info.update(tokens=counted["tokens"], batches=n, first_ms=1e3 * first_s,
-                                    verified_ms=1e3 * verified_s,
-                                    first_read_overhead=float(np.median([a / b - 1 for a, b in pairs])))
+                                    verified_ms=1e3 * verified_s, unchecked_ms=1e3 * unchecked_s,
+                                    first_read_overhead=float(np.median([a / b - 1 for a, b, _ in triples])),
+                                    check_overhead=float(np.median([a / c - 1 for a, _, c in triples])),
+                                    fresh_map_overhead=float(np.median([c / b - 1 for _, b, c in triples])))
         return
 
     if w.mode.startswith("files-"):

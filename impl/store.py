@@ -1527,7 +1527,10 @@ class TokenStore:
         file_list = fl.tolist()
         if not file_list:
             return
-        if len(file_list) > _SMALL or file_list.count(file_list[0]) == len(file_list):
+        if file_list.count(file_list[0]) == len(file_list):
+            self.check_blocks(file_list[0], lo_tok, hi_tok)
+            return
+        if len(file_list) > _SMALL:
             for f in distinct_ints(fl):
                 mine = fl == f
                 self.check_blocks(f, lo_tok[mine], hi_tok[mine])

@@ -398,6 +398,7 @@ CLOSED_ACCESSORS = {
     "lengths": lambda s: s.lengths,
     "doc_offsets": lambda s: s.doc_offsets,
     "check_blocks": lambda s: s.check_blocks(0, np.array([0]), np.array([1])),
+    "check_blocks_batch": lambda s: s.check_blocks_batch(np.array([0, 1]), np.array([0, 0]), np.array([1, 1])),
     "verify": lambda s: s.verify(),
 }
 
@@ -411,6 +412,18 @@ def test_every_accessor_that_needs_the_files_raises_store_error_after_close(four
     assert store.closed
     with pytest.raises(StoreError, match=r"is closed; open it again with TokenStore.open\("):
         CLOSED_ACCESSORS[accessor](store)
+
+
+def test_a_fully_verified_store_checks_a_batch_without_a_crc_and_still_refuses_it_after_close(four_files, monkeypatch):
+    store = TokenStore.open(four_files)
+    store.verify()
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    store.check_blocks_batch(np.array([0, 3, 1]), np.array([0, 5, 9]), np.array([100, 50, 10]))
+    assert counting.calls == 0
+    store.close()
+    with pytest.raises(StoreError, match=r"is closed; open it again with TokenStore.open\("):
+        store.check_blocks_batch(np.array([0, 3]), np.array([0, 5]), np.array([100, 50]))
 
 
 def test_after_close_metadata_stays_readable_old_views_stay_valid_and_a_pickle_reopens(four_files):

@@ -86,8 +86,9 @@ class TokenSource:
     a batch's in one call (the offsets returned by ``load`` are never read);
     without it, a file's offsets are copied whole at its first use.
     ``check_runs(files, starts, stops)``, when given, is called instead of
-    ``check`` with all of a batch's runs at once (one call a batch, not one a
-    file touched); ``check`` still serves :meth:`concat`.
+    ``check`` with all of a batch's runs at once when they lie in several
+    files (one call a batch, not one a file touched); ``check`` serves a
+    batch in one file and :meth:`concat`.
     :meth:`from_store` wires these to ``TokenStore._map`` (which maps a file
     the first time it is asked for), ``TokenStore.check_blocks``,
     ``TokenStore.document_bounds_batch`` and
@@ -284,17 +285,18 @@ class TokenSource:
         A ``dest`` at or past ``len(out)`` addresses ``tail`` instead (at
         ``dest - len(out)``): the fill reads a batch's token grid and each
         piece's token after it in one pass. First one ``check_runs`` of all
-        the runs (else, per file touched, one ``check(file, starts, stops)``
-        of its runs); then one slice copy
+        the runs when they lie in several files (else, per file touched, one
+        ``check(file, starts, stops)`` of its runs); then one slice copy
         per run (long runs: a packed sample is a few long pieces) or one
         fancy index over all the tokens (many short runs).
         """
         if not len(files):
             return
         groups = self._groups(files)
-        check = None if self._check_runs is not None else self._check
-        if self._check_runs is not None:
+        check = self._check
+        if self._check_runs is not None and len(groups) > 1:
             self._check_runs(files, starts, stops)
+            check = None
         for f, sel in groups:
             if check is not None:
                 check(f, starts if sel is None else starts[sel], stops if sel is None else stops[sel])

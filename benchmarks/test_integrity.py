@@ -1,7 +1,8 @@
 """(8) Block checksums: what ``TokenStore.check_blocks`` adds to a packed iteration, on first read and after.
 
-The fill path calls ``store.check_blocks(file, starts, stops)`` once per file
-a batch touches, for the token runs the batch copies. Workloads (page cache
+The fill path calls ``store.check_blocks_batch(files, starts, stops)`` once a
+batch, for the token runs the batch copies (``check_blocks`` once per file for
+runs all in one file). Workloads (page cache
 warm; shuffle ``none`` reads blocks in order, ``global`` in random order, the
 worst case for a first read since nearly every document lands in a block not
 yet verified):
@@ -9,7 +10,8 @@ yet verified):
 * ``impl``: the one-process packed iteration of ``test_throughput`` (batches
   of 8 x 2048 tokens), no block checks in the timed loop: the baseline.
 * ``impl+check-first`` / ``impl+check-verified``: the same iteration plus
-  ``check_blocks`` over each batch's exact token runs, on a fresh store object
+  ``check_blocks`` over each batch's exact token runs, one call per file (the
+  fill path's calls before ``check_blocks_batch``), on a fresh store object
   (every block unverified: a first read) or on one whose blocks are all
   verified; ``impl+check-disabled`` makes the same calls with
   ``check_blocks`` replaced by a no-op (the price of the calls alone). Each

@@ -26,7 +26,7 @@ import pytest
 from benchmarks import harness
 from benchmarks.corpora import Corpus
 from benchmarks.peers import require_datasets, require_litdata, require_streaming
-from benchmarks.workloads import RESUME_BATCH, RESUMES, Resume
+from benchmarks.workloads import POSITIONS, RESUME_BATCH, RESUMES, Resume
 
 
 def _doc_position(corpus: Corpus, position: float) -> int:
@@ -155,3 +155,23 @@ def test_resume(benchmark, w: Resume, corpus: Corpus, store, smoke: bool, reques
     held.clear()
     if w.loader == "mosaicml":
         harness.mosaic_cleanup()
+
+
+def test_resume_in_a_new_process(benchmark, corpus: Corpus, smoke: bool):
+    """``benchmarks/fresh_process.py``: the first resume of a new interpreter (imports untimed), and its second.
+
+    The timed figure is the whole measurement's wall time (new processes and
+    their imports included); the resume figures, which the in-process rounds
+    above cannot show, are in extra_info (milliseconds, per position).
+    """
+    from benchmarks.fresh_process import measure
+
+    benchmark.group = "resume-process"
+    runs, positions = (1, (0.5,)) if smoke else (9, POSITIONS)
+    out: dict = {}
+    benchmark.pedantic(lambda: out.update(measure(corpus.size, runs, positions)), rounds=1, warmup_rounds=0)
+    assert sorted(out) == sorted(positions)
+    for position, row in out.items():
+        assert 0 < row["first_min_ms"] <= row["first_median_ms"] and 0 < row["second_min_ms"] <= row["second_median_ms"]
+        benchmark.extra_info.update({f"p{round(position * 100):02d}_{k}": round(v, 3) for k, v in row.items()})
+    benchmark.extra_info.update(kind="resume-process", size=corpus.size, runs=runs, batch=RESUME_BATCH)

@@ -33,6 +33,7 @@ __all__ = [
     "REBUILD_HINT",
     "ConfigError",
     "EmptyDataError",
+    "EvalBuildError",
     "LoadspecError",
     "LockTimeoutError",
     "SharedEpochError",

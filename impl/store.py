@@ -97,6 +97,7 @@ import mmap
 import operator
 import os
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -555,11 +556,18 @@ class _Parts:
     the first time any of its tokens or offsets is needed.
     """
 
-    __slots__ = ("store", "which")
+    __slots__ = ("_store", "which")
 
     def __init__(self, store: TokenStore, which: int) -> None:
-        self.store = store
+        self._store = weakref.ref(store)   # no cycle: a dropped store is freed, and its files unmapped, at once
         self.which = which
+
+    @property
+    def store(self) -> TokenStore:
+        store = self._store()
+        if store is None:
+            raise StoreError("the TokenStore these files belong to was dropped; keep a reference to it while reading")
+        return store
 
     def __getitem__(self, f: int) -> np.ndarray:
         return self.store._part(f)[self.which]
@@ -569,6 +577,7 @@ class _Parts:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return (self[f] for f in range(len(self)))
+
 
 class TokenStore:
     """Documents tokenized once, stored as memory-mapped Arrow files, read as numpy views.

@@ -805,3 +805,24 @@ def test_a_file_name_outside_the_store_directory_is_refused_at_open(tmp_path, sm
     (dst / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(StoreCorruptError, match="invalid file name in meta.json"):
         TokenStore.open(dst)
+
+
+def test_a_dropped_store_and_dataset_are_freed_at_once_without_the_garbage_collector(tmp_path):
+    """No reference cycle keeps a store (and its file mappings) alive after the last reference is dropped."""
+    import gc
+    import weakref
+
+    from impl.dataset import PackedDataset
+
+    docs = [[list(range(1 + 10 * f, 8 + 10 * f))] * 3 for f in range(2)]
+    TokenStore.from_token_files(docs, tmp_path / "store", vocab_size=100)
+    gc.disable()
+    try:
+        store = TokenStore.open(tmp_path / "store")
+        dataset = PackedDataset(store, seq_len=4, shuffle="global", cache_dir=False)
+        dataset[0]                                   # maps files and checks blocks
+        gone = weakref.ref(store)
+        del store, dataset
+        assert gone() is None, "the store outlived its last reference (a reference cycle holds it)"
+    finally:
+        gc.enable()

@@ -158,7 +158,6 @@ class EpochOrder:
         "_key",
         "_last_block",
         "_perm",
-        "_scalar_perm",
         "_window",
         "kind",
         "n",
@@ -171,7 +170,6 @@ class EpochOrder:
         self.kind = config.kind
         self.n = int(sizes.sum())
         self._perm: FeistelPermutation | None = None
-        self._scalar_perm: ScalarFeistel | None = None
         self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._last_block: int | None = None
         if config.kind == "global":
@@ -208,14 +206,9 @@ class EpochOrder:
             return self._scalar(pos)
         return self._vector(pos)
 
-    def _scalar_global(self, perm: FeistelPermutation) -> ScalarFeistel:
-        if self._scalar_perm is None:
-            self._scalar_perm = ScalarFeistel(self.n, perm.key)
-        return self._scalar_perm
-
     def _vector(self, pos: np.ndarray) -> np.ndarray:
         if self._perm is not None:
-            return feistel(self.n, self._perm.key, pos, finish=self._scalar_global(self._perm))
+            return feistel(self.n, self._perm.key, pos, finish=self._perm.scalar)   # positions checked above
         flat = pos.reshape(-1)
         s = _window_source(self.n, self._window, self._key, flat)
         j = np.searchsorted(self._file_cum, s, side="right") - 1
@@ -272,7 +265,7 @@ class EpochOrder:
         """
         flat = pos.reshape(-1).tolist()
         if self._perm is not None:
-            perm = self._scalar_global(self._perm)
+            perm = self._perm.scalar
             out = [perm(p) for p in flat]
         else:
             w, n = self._window, self.n

@@ -247,19 +247,27 @@ def feistel(n: int, keys: int | np.ndarray, x: np.ndarray, *, finish: ScalarFeis
 class FeistelPermutation:
     """Vectorised ``reference.rng.FeistelPermutation`` (RNG-5): ``p(indices)`` is bit-identical."""
 
-    __slots__ = ("key", "n")
+    __slots__ = ("_scalar", "key", "n")
 
     def __init__(self, n: int, key: int) -> None:
         require(n >= 0, ConfigError, f"permutation size n={n} must be >= 0")
         self.n = n
         self.key = key & MASK64
+        self._scalar: ScalarFeistel | None = None
+
+    @property
+    def scalar(self) -> ScalarFeistel:
+        """The same permutation on Python ints (made on first use): a handful of indices, and the last cycle-walks."""
+        if self._scalar is None:
+            self._scalar = ScalarFeistel(self.n, self.key)
+        return self._scalar
 
     def __call__(self, indices: np.ndarray) -> np.ndarray:
         """Images of ``indices`` (any int array with values in ``[0, n)``) as int64."""
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             raise IndexError(f"indices outside the permutation of size {self.n}")
-        return feistel(self.n, self.key, idx)
+        return feistel(self.n, self.key, idx, finish=self.scalar)
 
     def to_array(self) -> np.ndarray:
         return self(np.arange(self.n, dtype=np.int64))

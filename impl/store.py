@@ -1078,14 +1078,19 @@ class TokenStore:
         blocks.streak = streak
 
     def _check_span(self, f: int, start: int, stop: int) -> None:
-        """:meth:`check_blocks` for one range (file ``f`` already mapped): the scalar path of single reads."""
+        """The blocks of tokens ``[start, stop)`` of file ``f`` (already mapped): the one run check of every path.
+
+        Single reads, :meth:`check_blocks`' runs that leave gaps and
+        :meth:`check_blocks_batch`'s runs all end here: a ``find`` for the
+        first unverified block, then :meth:`_first_read`.
+        """
         blocks = self._blocks[f]
         if blocks is None or blocks.complete or stop <= start:
             return
-        lo = blocks.verified.find(0, (blocks.base + start * blocks.itemsize) // blocks.block,
-                                  (blocks.base + stop * blocks.itemsize - 1) // blocks.block + 1)
+        hi = (blocks.base + stop * blocks.itemsize - 1) // blocks.block
+        lo = blocks.verified.find(0, (blocks.base + start * blocks.itemsize) // blocks.block, hi + 1)
         if lo >= 0:
-            self._first_read(f, blocks, lo, (blocks.base + stop * blocks.itemsize - 1) // blocks.block)
+            self._first_read(f, blocks, lo, hi)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, verify: bool = False) -> TokenStore:
@@ -1487,11 +1492,7 @@ class TokenStore:
             self._first_read(f, blocks, lo, last)  # the runs cover the span (e.g. one sample's pieces in file order)
         elif small:
             for a, b in zip(lo_list, hi_list):
-                if b > a:
-                    hi = (base + b * item - 1) // block
-                    lo = verified.find(0, (base + a * item) // block, hi + 1)
-                    if lo >= 0:
-                        self._first_read(f, blocks, lo, hi)
+                self._check_span(f, a, b)
         else:
             keep = hi_tok > lo_tok
             if not keep.all():
@@ -1562,10 +1563,7 @@ class TokenStore:
                 continue
             if a < 0 or b > records[f].num_tokens:
                 raise IndexError(f"token range [{a}, {b}) out of bounds for file {f} of {records[f].num_tokens} tokens")
-            hi = (blocks.base + b * blocks.itemsize - 1) // blocks.block
-            lo = blocks.verified.find(0, (blocks.base + a * blocks.itemsize) // blocks.block, hi + 1)
-            if lo >= 0:
-                self._first_read(f, blocks, lo, hi)
+            self._check_span(f, a, b)
 
     def verify(self) -> None:
         """The full check: meta's own fingerprint, then every file's every byte (sha256 and every block CRC).

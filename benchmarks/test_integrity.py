@@ -41,7 +41,7 @@ without any check, its first-touch page faults and cold reads); all locate
 every document anew. ``extra_info["first_read_overhead"]`` is the median over
 rounds of first / verified - 1: issue 8's figure (target <= 5 % at L);
 ``check_overhead`` is first / unchecked - 1, the checks' own share of it
-(under a global shuffle a fresh mapping alone costs a few per cent, which no
+(under a global shuffle a fresh mapping alone costs about a fifth of the iteration at L, which no
 check can remove), ``fresh_map_overhead`` unchecked / verified - 1.
 ``check_fraction`` of ``impl+check-*`` is an upper bound of it: a second,
 separate ``check_blocks`` call per file per batch, on cold caches, on top of

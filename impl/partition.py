@@ -267,8 +267,7 @@ class SharedEpoch:
                     f"set_epoch({value}) cannot reach this dataset's forked workers: its epoch could not be put in "
                     f"shared memory before the fork ({failure}); free shared memory (/dev/shm) and restart the "
                     "workers, or use build_dataloader, whose keys carry their epoch")
-            self._epoch_value = int(value)
-            _UNSHARED[id(self)] = self
+            self._epoch_value = int(value)   # shared before a fork: __new__ registered every instance
         else:
             cell.fill_(int(value))
 

@@ -53,6 +53,7 @@ from impl.store import (
     BLOCK_TABLE,
     COLUMN,
     DEFAULT_DOCS_PER_FILE,
+    DOCUMENT_TABLE,
     FILE_TEMPLATE,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -64,6 +65,7 @@ from impl.store import (
     _arrow_type,
     _content_fingerprint,
     arrow_buffer_layout,
+    hash_documents,
     hash_file_blocks,
     quick_signature,
 )
@@ -391,7 +393,10 @@ def _file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, An
     size = os.path.getsize(path)
     sha256, block_crc32 = hash_file_blocks(path, BLOCK_BYTES)
     buffers = arrow_buffer_layout(path)
-    return FileRecord(
+    num_tokens = int(offsets[-1])
+    itemsize = buffers["values"][1] // num_tokens if num_tokens else 1
+    document_crc32 = hash_documents(path, buffers["values"][0], offsets, itemsize)
+    record = FileRecord(
         name=os.path.basename(path),
         num_documents=len(offsets) - 1,
         num_tokens=int(offsets[-1]),
@@ -402,6 +407,8 @@ def _file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, An
         block_crc32=block_crc32,
         buffers=buffers,
     ).to_json()
+    record["document_crc32"] = document_crc32
+    return record
 
 
 def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInfo, options: dict[str, Any],
@@ -434,7 +441,7 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
 
 
 def _with_block_table(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """Format 3: the records' block CRCs (hex, as the file writers return them) moved into one binary table.
+    """The records' block CRCs and (format 4) document CRCs, hex as the file writers return them, moved into tables.
 
     Why a table file: ``meta.json`` is parsed whole by every ``open``; as hex
     it carried 8 characters per block (170 KB for a 1.3 GB store in 64 KiB
@@ -443,10 +450,12 @@ def _with_block_table(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
     without slowing ``open``. Written before ``meta.json``, which records its
     size and sha256.
     """
-    table = b"".join(bytes.fromhex(record.pop("block_crc32")) for record in meta["files"])
-    atomic_write_bytes(tmp / BLOCK_TABLE, table)
-    meta["layout"]["block_table"] = {"name": BLOCK_TABLE, "size": len(table),
-                                     "sha256": hashlib.sha256(table).hexdigest()}
+    for field, name, key in (("block_crc32", BLOCK_TABLE, "block_table"),
+                             ("document_crc32", DOCUMENT_TABLE, "document_table")):
+        table = b"".join(bytes.fromhex(record.pop(field)) for record in meta["files"])
+        atomic_write_bytes(tmp / name, table)
+        meta["layout"][key] = {"name": name, "size": len(table), "sha256": hashlib.sha256(table).hexdigest()}
+    meta["layout"]["document_checksum"] = "crc32"
     return meta
 
 
@@ -455,7 +464,8 @@ _MARKER = ".loadspec-build"
 
 _TOKENIZER_FILE = ".loadspec-build.tokenizer.json"
 _STORE_ENTRY = re.compile(
-    r"^(meta\.json|blocks\.crc32|tokens-\d{5,}\.arrow|\.(meta\.json|blocks\.crc32|\.loadspec-build)\..*\.tmp|"
+    r"^(meta\.json|blocks\.crc32|documents\.crc32|tokens-\d{5,}\.arrow|"
+    r"\.(meta\.json|blocks\.crc32|documents\.crc32|\.loadspec-build)\..*\.tmp|"
     r"\.loadspec-build.*)$")
 
 

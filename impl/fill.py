@@ -9,9 +9,12 @@ Why a module apart from the plan: the plan is integers about documents
 fill is the only code that reads tokens. Keeping them apart keeps the one
 reader of tokens in one place: :class:`TokenSource` addresses documents as
 ``(file, file-local offset, length)`` and copies token ranges out of the
-file that holds them, mapping a file only when a batch first touches it, and
-asking the store to check those ranges (``TokenStore.check_blocks``) before
-copying them, once per file per batch.
+file that holds them, mapping a file only when a batch first touches it. No
+token is copied unchecked: a format-4 store checks each document when it
+returns its bounds (``TokenStore.document_checks``), and the fill copies
+only tokens inside documents it located there; for an older store the fill
+asks it to check the ranges (``TokenStore.check_blocks``) before copying
+them, once a batch.
 
 Samples: ``materialize_batch(plan, indices, ...)`` returns ``[B, L]`` arrays,
 row r being the reference's sample ``indices[r]`` (``-1``: the padding
@@ -92,7 +95,9 @@ class TokenSource:
     :meth:`from_store` wires these to ``TokenStore._map`` (which maps a file
     the first time it is asked for), ``TokenStore.check_blocks``,
     ``TokenStore.document_bounds_batch`` and
-    ``TokenStore.check_blocks_batch``; nothing is read at construction.
+    ``TokenStore.check_blocks_batch`` (for a format-4 store, whose bounds
+    check each document they return, only the first and the bounds: every
+    run lies inside a located document); nothing is read at construction.
 
     Why per document: a fresh resume's first batch names a few documents in
     each of many files; checking and copying each file's whole offsets
@@ -130,11 +135,16 @@ class TokenSource:
         """The store's files, each mapped by the store when a batch first touches it, offsets checked per document.
 
         A store without ``document_bounds_batch`` (e.g. a split view) hands
-        out files whose offsets ``_part`` checked whole.
+        out files whose offsets ``_part`` checked whole. A store whose
+        bounds check every document they return (``document_checks``,
+        format 4) needs no run checks: :meth:`gather` copies only runs of
+        documents :meth:`locate` got from those bounds.
         """
         bounds = getattr(store, "document_bounds_batch", None)
         if bounds is None:
             return cls(store.file_document_starts, store._part, store.check_blocks)
+        if getattr(store, "document_checks", False):  # bounds verify each document: runs inside them need no check
+            return cls(store.file_document_starts, store._map, None, bounds)
         return cls(store.file_document_starts, store._map, store.check_blocks, bounds,
                    getattr(store, "check_blocks_batch", None))
 

@@ -12,23 +12,48 @@ gives every loader the same numbered documents:
   plus ``pa.ipc.open_file`` hands out numpy views of the page cache (no copy,
   no deserialisation, read-only);
 * ``meta.json`` (written last, atomically) records sizes, hashes, where
-  each file's buffers lie and a content fingerprint, and ``blocks.crc32`` a
-  CRC-32 per 16 KiB block of every file, so :meth:`TokenStore.open` can
-  refuse a store that is incomplete, truncated, edited or from a newer
-  format, in time independent of the store's size, and every reader refuses
-  a changed block before serving any of its tokens or using any of its
-  offsets (:meth:`TokenStore.check_blocks`, :meth:`TokenStore.document_bounds`).
+  each file's buffers lie and a content fingerprint, ``blocks.crc32`` a
+  CRC-32 per 16 KiB block of every file and ``documents.crc32`` one per
+  document, so :meth:`TokenStore.open` can refuse a store that is
+  incomplete, truncated, edited or from a newer format, in time independent
+  of the store's size, and every reader refuses a changed block or document
+  before serving any of its tokens or using any of its offsets
+  (:meth:`TokenStore.check_blocks`, :meth:`TokenStore.document_bounds`).
 
 On-disk layout of ``out_dir``::
 
     meta.json            format name/version, counts, per-file records,
                          fingerprint, tokenizer identity, build options
     blocks.crc32         format 3: every block's CRC-32, big-endian uint32
+    documents.crc32      format 4: every document's CRC-32, big-endian uint32
     tokens-00000.arrow   Arrow IPC file: one record batch, one column
     tokens-00001.arrow   ``tokens: large_list<uint16 | uint32>``; row = document,
     ...                  the list offsets (int64) are the document boundaries
 
-Format 3 (this version):
+Format 4 (this version) is format 3 plus per-document checksums:
+
+* ``documents.crc32`` (:data:`DOCUMENT_TABLE`): the CRC-32 of each
+  document's token bytes (its values as stored, little-endian), big-endian,
+  in store order (file ``f``'s documents are entries
+  ``file_document_starts[f]:file_document_starts[f + 1]``); an empty
+  document's is 0. ``layout.document_table`` records its name, size and
+  sha256 (``open`` checks the size, :meth:`TokenStore.verify` the sha256
+  and every entry). :meth:`TokenStore.document_bounds` and
+  :meth:`TokenStore.document_bounds_batch` check each document they return
+  on its first read, unless its file's blocks are all verified, so the
+  packing fill path, which copies only tokens of documents it located
+  there, needs no block check (:attr:`TokenStore.document_checks`).
+* Why: under a global shuffle, or in a resumed process's first batch, each
+  ~1.3 KB document lies in its own 16 KiB block that no reader has
+  verified yet; a block check reads 12x the bytes served, from cold
+  memory. A document's CRC reads exactly the bytes the copy then reads,
+  and also covers the offsets it was read at: a changed offsets entry moves
+  the range of the two documents it bounds, whose CRCs then fail. Readers
+  of token ranges (``read``, ``gather``, ``__getitem__``, iteration) and
+  documents close together in a file (file order) keep the block checks
+  and their read-ahead.
+
+Format 3:
 
 * block checksums: the CRC-32 (``zlib.crc32``'s checksum, computed at
   ~10 GB/s with ISA-L's: :mod:`impl._crc`) of each ``layout.block_bytes``
@@ -53,7 +78,10 @@ Format 3 (this version):
   layout with the one Arrow reads. A record outside the file's bounds, of
   the wrong length or misaligned is refused as corrupt.
 
-Format 2 stores still open and read with the same checks: each record
+Format 3 stores still open and read with the block checks alone (every
+run the fill path copies goes through :meth:`TokenStore.check_blocks`);
+rebuilding one adds the per-document checks. Format 2 stores still open
+and read with the same checks: each record
 carries its block CRCs as one hex string (``block_crc32``, 8 digits a block,
 parsed per block when it is checked; 64 KiB or 1 MiB blocks, as recorded), a
 record without ``buffers`` is mapped through Arrow after its quick
@@ -62,17 +90,19 @@ checked by their quick signatures at map time and by a full
 :meth:`TokenStore.verify`; rebuilding one adds the per-block check of every
 read.
 
-Guarantee: no reader returns a token of a format-2 or format-3 file whose
+Guarantee: no reader returns a token of a format-2, 3 or 4 file whose
 block changed since the build, and document boundaries come only from
 checked offsets: the blocks holding a document's two offsets entries are
 checked before they are read (:meth:`TokenStore.document_bounds`,
 :meth:`TokenStore.document_bounds_batch`), all of a file's offsets blocks
-before whole-file uses (``doc_offsets``, ``lengths``, iteration). Each block
-is CRC'd once per store object (per process), on its first read; a block
-changed *after* this object verified it is not seen again until the store is
-opened anew (or :meth:`TokenStore.verify` runs). A changed entry of the
-block table refuses its block (never accepts a changed one, barring a
-CRC collision).
+before whole-file uses (``doc_offsets``, ``lengths``, iteration). In a
+format-4 file a document returned by those two is checked instead by its
+own CRC-32, over the tokens its offsets entries name, which covers both.
+Each block and each document is CRC'd once per store object (per
+process), on its first read; one changed *after* this object verified it
+is not seen again until the store is opened anew (or
+:meth:`TokenStore.verify` runs). A changed entry of a table refuses its
+block or document (never accepts a changed one, barring a CRC collision).
 
 Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
 the split depends only on the document count, never on ``num_proc``, so the
@@ -122,6 +152,7 @@ __all__ = [
     "BLOCK_BYTES",
     "BLOCK_TABLE",
     "DEFAULT_DOCS_PER_FILE",
+    "DOCUMENT_TABLE",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "META_FILE",
@@ -133,15 +164,17 @@ __all__ = [
     "TokenStore",
     "TokenizerInfo",
     "arrow_buffer_layout",
+    "hash_documents",
     "hash_file_blocks",
     "quick_signature",
     "sha256_file",
 ]
 
 FORMAT_NAME = "loadspec.tokenstore"
-FORMAT_VERSION = 3
-#: Versions this loadspec opens: 1 (no block checksums), 2 (block CRCs as hex in meta.json) and 3 (a binary table).
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+#: Versions this loadspec opens: 1 (no block checksums), 2 (block CRCs as hex in meta.json), 3 (a binary table)
+#: and 4 (the block table plus one CRC-32 per document).
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 META_FILE = "meta.json"
 COLUMN = "tokens"
 FILE_TEMPLATE = "tokens-{:05d}.arrow"
@@ -154,6 +187,8 @@ QUICK_SIGNATURE_BYTES = 64 * 1024
 BLOCK_BYTES = 16 * 1024
 #: Format 3: the file holding every token file's block CRC-32s, big-endian uint32, file after file.
 BLOCK_TABLE = "blocks.crc32"
+#: Format 4: the file holding every document's CRC-32 (of its token bytes), big-endian uint32, in store order.
+DOCUMENT_TABLE = "documents.crc32"
 _UINT16_LIMIT = 1 << 16
 _READ_CHUNK = 1 << 20
 _OFFSET_BYTES = 8
@@ -287,6 +322,32 @@ def hash_file_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
             if n < chunk:
                 break
     return h.hexdigest(), crcs.hex()
+
+
+def hash_documents(path: str | os.PathLike[str], values_at: int, offsets: np.ndarray, itemsize: int) -> str:
+    """The CRC-32 of each document's token bytes in a written file, big-endian, as hex (8 digits a document).
+
+    ``values_at`` is the byte offset of the file's token values, ``offsets``
+    its document offsets (``documents + 1`` entries, in tokens). Read from
+    the file, not from the tokens in memory, so the record is of what is on
+    disk, as :func:`hash_file_blocks`'s.
+
+    >>> import tempfile, zlib
+    >>> with tempfile.NamedTemporaryFile() as f:
+    ...     _ = f.write(b"HDR" + bytes([1, 0, 2, 0, 3, 0]))
+    ...     _ = f.flush()
+    ...     crcs = hash_documents(f.name, 3, np.array([0, 2, 2, 3]), 2)
+    >>> crcs[:8] == f"{zlib.crc32(bytes([1, 0, 2, 0])):08x}", crcs[8:16], crcs[16:] == f"{zlib.crc32(bytes([3, 0])):08x}"
+    (True, '00000000', True)
+    """
+    bounds = (values_at + np.asarray(offsets, dtype=np.int64) * itemsize).tolist()
+    if len(bounds) < 2:
+        return ""
+    out = bytearray()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data, memoryview(data) as view:
+        for a, b in itertools.pairwise(bounds):
+            out += crc32(view[a:b]).to_bytes(4, "big")
+    return out.hex()
 
 
 def _pread_all(fd: int, size: int, offset: int) -> bytes:
@@ -460,6 +521,12 @@ def _validate_meta(root: Path, meta: Any) -> None:
         if not (isinstance(table, dict) and table.get("name") == BLOCK_TABLE and isinstance(table.get("sha256"), str)
                 and isinstance(table.get("size"), int) and not isinstance(table.get("size"), bool)):
             problems.append(f"layout.block_table {table!r}")
+    if version >= 4:
+        table = layout.get("document_table")
+        if not (isinstance(table, dict) and table.get("name") == DOCUMENT_TABLE
+                and isinstance(table.get("sha256"), str) and isinstance(table.get("size"), int)
+                and not isinstance(table.get("size"), bool)):
+            problems.append(f"layout.document_table {table!r}")
     if problems:
         raise StoreCorruptError(f"{root / META_FILE}: invalid {', '.join(problems)}; {REBUILD_HINT}")
 
@@ -509,14 +576,18 @@ class _Blocks:
     block's 8 digits parsed when it is checked. ``frontier`` is the block
     after the last first read's last block (-1 before any), ``streak`` the
     blocks of the sequential run that read ended (``TokenStore._first_read``).
+    ``documents`` is the file's slice of the document table (format 4, else
+    None) and ``documents_verified`` one byte per document whose CRC passed
+    (``TokenStore._verify_documents``).
     """
 
-    __slots__ = ("base", "block", "complete", "count", "data", "frontier", "hex", "itemsize", "left", "lock",
-                 "offsets_at", "offsets_blocks", "offsets_done", "read_ahead", "recorded", "size", "streak",
-                 "verified", "verified_np")
+    __slots__ = ("base", "block", "complete", "count", "data", "documents", "documents_verified", "frontier", "hex",
+                 "itemsize", "left", "lock", "offsets_at", "offsets_blocks", "offsets_done", "read_ahead", "recorded",
+                 "size", "streak", "verified", "verified_np")
 
     def __init__(self, data: memoryview, base: int, itemsize: int, block: int, crc_hex: str, offsets_at: int,
-                 recorded: np.ndarray | None = None, offsets_bytes: int = 0) -> None:
+                 recorded: np.ndarray | None = None, offsets_bytes: int = 0,
+                 documents: np.ndarray | None = None) -> None:
         self.data = data
         self.size = len(data)
         self.base = base
@@ -537,11 +608,14 @@ class _Blocks:
         self.streak = 0
         self.read_ahead = max(1, _READ_AHEAD_BYTES // block)
         self.lock = threading.Lock()
+        self.documents = documents
+        self.documents_verified = bytearray(0 if documents is None else len(documents))
 
     def reset(self) -> None:
         """Forget every verification (``verify`` checks every block again)."""
         with self.lock:
             self.verified_np[:] = False
+            self.documents_verified[:] = bytes(len(self.documents_verified))
             self.left = self.count
             self.complete = self.offsets_done = self.count == 0
             self.frontier = -1
@@ -640,7 +714,13 @@ class TokenStore:
         self._table: np.ndarray | None = None
         if self._version >= 3:
             self._table_at = [0, *itertools.accumulate(-(-r.size // self._block_bytes) for r in self._records)]
-            self._check_table_size(meta["layout"]["block_table"])
+            self._check_table_size(meta["layout"]["block_table"], BLOCK_TABLE, self._table_at[-1],
+                                   f"blocks of {self._block_bytes} bytes")
+        #: Format 4: every document's recorded CRC-32 (big-endian uint32), mapped on first use.
+        self._document_table: np.ndarray | None = None
+        if self._version >= 4:
+            self._check_table_size(meta["layout"]["document_table"], DOCUMENT_TABLE, int(meta["num_documents"]),
+                                   "documents")
         self._map_lock = threading.Lock()
         self._closed = False
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
@@ -755,31 +835,35 @@ class TokenStore:
 
     def _new_blocks(self, rec: FileRecord, data: memoryview, values_at: int, offsets_at: int) -> _Blocks:
         """File ``rec``'s block checks; its offsets hold ``documents + 1`` entries (none when recorded at 0: empty)."""
-        recorded = None
+        recorded = documents = None
         if self._version >= 3:
             f = self._file_index[rec.name]
             recorded = self._block_table()[self._table_at[f]:self._table_at[f + 1]]
+            if self._version >= 4:
+                documents = self._documents_table()[self._file_doc_starts[f]:self._file_doc_starts[f + 1]]
         return _Blocks(data, values_at, self._dtype.itemsize, self._block_bytes, rec.block_crc32 or "", offsets_at,
-                       recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * _OFFSET_BYTES)
+                       recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * _OFFSET_BYTES,
+                       documents)
 
-    def _table_where(self) -> str:
-        return f"token store {self._path}: {BLOCK_TABLE}"
+    def _table_where(self, name: str = BLOCK_TABLE) -> str:
+        return f"token store {self._path}: {name}"
 
-    def _check_table_size(self, table: Mapping[str, Any]) -> None:
-        """Format 3 at open: the block table exists and holds one 4-byte CRC per block of the recorded file sizes."""
-        expected = 4 * self._table_at[-1]
+    def _check_table_size(self, table: Mapping[str, Any], name: str, entries: int, what: str) -> None:
+        """At open (format 3, 4): table ``name`` exists and holds one 4-byte CRC per entry (block or document)."""
+        expected = 4 * entries
         if table["size"] != expected:
+            key = "block_table" if name == BLOCK_TABLE else "document_table"
             raise StoreCorruptError(
-                f"{self._path / META_FILE}: layout.block_table records {table['size']} bytes, but its files' "
-                f"{self._table_at[-1]} blocks of {self._block_bytes} bytes need {expected}; {REBUILD_HINT}"
+                f"{self._path / META_FILE}: layout.{key} records {table['size']} bytes, but the store's "
+                f"{entries} {what} need {expected}; {REBUILD_HINT}"
             )
         try:
-            size = os.stat(f"{self._root}/{BLOCK_TABLE}").st_size
+            size = os.stat(f"{self._root}/{name}").st_size
         except FileNotFoundError:
-            raise StoreCorruptError(f"{self._table_where()} is missing; {REBUILD_HINT}") from None
+            raise StoreCorruptError(f"{self._table_where(name)} is missing; {REBUILD_HINT}") from None
         if size != expected:
             raise StoreCorruptError(
-                f"{self._table_where()} {'is truncated' if size < expected else 'changed since it was built'} "
+                f"{self._table_where(name)} {'is truncated' if size < expected else 'changed since it was built'} "
                 f"({size} bytes, {expected} when built); {REBUILD_HINT}"
             )
 
@@ -790,6 +874,13 @@ class TokenStore:
             mm = _map_read_only(f"{self._root}/{BLOCK_TABLE}", self._table_where(), expected)
             self._table = np.frombuffer(mm, dtype=">u4")
         return self._table
+
+    def _documents_table(self) -> np.ndarray:
+        """Format 4: every document's recorded CRC-32 (big-endian uint32), one read-only mapping of :data:`DOCUMENT_TABLE`."""
+        if self._document_table is None:
+            mm = _map_read_only(f"{self._root}/{DOCUMENT_TABLE}", self._table_where(DOCUMENT_TABLE), 4 * self._n)
+            self._document_table = np.frombuffer(mm, dtype=">u4")
+        return self._document_table
 
     def _recorded_crc(self, rec: FileRecord, blocks: _Blocks, b: int) -> int:
         """Block ``b``'s CRC-32 as recorded: from the block table (format 3), else its 8 hex digits parsed now."""
@@ -930,11 +1021,18 @@ class TokenStore:
             raise IndexError(f"document out of range for file {f} of {rec.num_documents} documents")
         offsets = self._map(f)[1]
         blocks = self._blocks[f]
-        if blocks is not None and not blocks.offsets_done and local.size:
+        check_offsets = check_tokens = by_document = False
+        if blocks is not None and local.size:
+            check_offsets = not blocks.offsets_done
+            check_tokens = blocks.documents is not None and not blocks.complete
+        if blocks is not None and (check_offsets or check_tokens):
             at0, block = blocks.offsets_at, blocks.block
             first_doc, last_doc = int(local.min()), int(local.max())
             lo, hi = (at0 + first_doc * _OFFSET_BYTES) // block, (at0 + (last_doc + 2) * _OFFSET_BYTES - 1) // block
-            if hi - lo <= local.size:  # documents close together (file order): their entries' blocks, one span
+            dense = hi - lo <= local.size   # documents close together (file order): their blocks, in spans
+            by_document = check_tokens and not dense
+        if blocks is not None and check_offsets and not by_document:
+            if dense:
                 self._verify_span(rec, blocks, lo, hi)
             elif local.size <= _SMALL:
                 for d in local.tolist():
@@ -952,6 +1050,10 @@ class TokenStore:
                 f"{self._where(rec.name)}: document offsets out of order or past its {rec.num_tokens} tokens; "
                 f"{REBUILD_HINT}"
             )
+        if blocks is not None and by_document:
+            self._verify_documents(f, blocks, local.tolist(), starts.tolist(), stops.tolist())
+        elif check_tokens:
+            self.check_blocks(f, starts, stops)
         return starts.astype(np.int64, copy=False), stops - starts
 
     def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -994,7 +1096,8 @@ class TokenStore:
                 raise IndexError(f"document out of range for file {f} of {rec.num_documents} documents")
             offsets = (mapped[f] or self._map(f))[1]
             blocks = blocks_of[f]
-            if blocks is not None and not blocks.offsets_done:
+            by_document = blocks is not None and blocks.documents is not None and not blocks.complete
+            if blocks is not None and not blocks.offsets_done and not by_document:
                 at = blocks.offsets_at + d * _OFFSET_BYTES
                 lo, hi = at // blocks.block, (at + 2 * _OFFSET_BYTES - 1) // blocks.block
                 if blocks.verified.find(0, lo, hi + 1) >= 0:
@@ -1006,6 +1109,12 @@ class TokenStore:
                     f"{self._where(rec.name)}: document offsets out of order or past its {rec.num_tokens} tokens; "
                     f"{REBUILD_HINT}"
                 )
+            if by_document and not blocks.documents_verified[d]:  # type: ignore[union-attr]
+                at = blocks.base + a * blocks.itemsize  # type: ignore[union-attr]
+                crc = crc32(blocks.data[at:at + (b - a) * blocks.itemsize])  # type: ignore[union-attr]
+                if crc != blocks.documents.item(d):  # type: ignore[union-attr]
+                    raise self._changed_document(f, blocks, d, a, b, crc)  # type: ignore[arg-type]
+                blocks.documents_verified[d] = 1  # type: ignore[union-attr]
             out_start.append(a)
             out_length.append(b - a)
         return np.array(out_start, dtype=np.int64), np.array(out_length, dtype=np.int64)
@@ -1052,6 +1161,43 @@ class TokenStore:
             f"{self._where(rec.name)} changed since it was built: block {b} (bytes {at}-{end - 1} of {size}) has "
             f"CRC-32 {crc:08x}, {recorded:08x} when built, so none of its tokens is served; restore the file "
             f"from a good copy or {REBUILD_HINT}"
+        )
+
+    def _verify_documents(self, f: int, blocks: _Blocks, docs: Sequence[int], starts: Sequence[int],
+                          stops: Sequence[int]) -> None:
+        """Format 4: CRC each unverified document ``docs[i]`` of file ``f`` (tokens ``starts[i]:stops[i]``) once.
+
+        Why per document: under a global shuffle (or a fresh resume's first
+        batch) each document of a batch lies in a block no reader has
+        verified yet, so a block check CRCs 16 KiB, from cold memory, to serve
+        ~1.3 KB; the document's own CRC reads exactly the bytes the copy then
+        reads (from cache). Its token range comes from the offsets read
+        unchecked: an offsets entry changed since the build moves the range
+        of the two documents it bounds, whose CRCs then fail (barring a CRC
+        collision), so a document that passes was read with its recorded
+        bounds and tokens. ``document_bounds_batch`` inlines this loop.
+
+        >>> store._verify_documents(0, store._blocks[0], [3], [9], [13])      # doctest: +SKIP
+        """
+        verified, recorded, data = blocks.documents_verified, blocks.documents, blocks.data
+        base, item = blocks.base, blocks.itemsize
+        for d, a, b in zip(docs, starts, stops):
+            if not verified[d]:
+                crc = crc32(data[base + a * item:base + b * item])
+                if crc != recorded.item(d):  # type: ignore[union-attr]
+                    raise self._changed_document(f, blocks, d, a, b, crc)
+                verified[d] = 1
+
+    def _changed_document(self, f: int, blocks: _Blocks, d: int, a: int, b: int, crc: int) -> StoreCorruptError:
+        """The refusal of a changed document: the store, the file, the document, its bytes, both CRCs and the fix."""
+        rec = self._records[f]
+        at, end = blocks.base + a * blocks.itemsize, blocks.base + b * blocks.itemsize
+        recorded = int(blocks.documents.item(d))  # type: ignore[union-attr]
+        return StoreCorruptError(
+            f"{self._where(rec.name)} changed since it was built: its document {d} (document "
+            f"{self._file_doc_starts[f] + d} of the store; tokens {a}-{b - 1}, bytes {at}-{end - 1} of {blocks.size}, "
+            f"as its offsets now say) has CRC-32 {crc:08x}, {recorded:08x} when built ({DOCUMENT_TABLE}), so none of "
+            f"its tokens is served; restore the file from a good copy or {REBUILD_HINT}"
         )
 
     def _first_read(self, f: int, blocks: _Blocks, lo: int, hi: int) -> None:
@@ -1593,13 +1739,16 @@ class TokenStore:
                 f"the one recomputed from its file records and options ({expected[:16]}...): {META_FILE} was "
                 f"edited; {REBUILD_HINT}"
             )
-        if self._version >= 3:
-            table = self._meta["layout"]["block_table"]
-            digest = sha256_file(self._path / BLOCK_TABLE)
+        for version, key, name, what in ((3, "block_table", BLOCK_TABLE, "block"),
+                                         (4, "document_table", DOCUMENT_TABLE, "document")):
+            if self._version < version:
+                continue
+            table = self._meta["layout"][key]
+            digest = sha256_file(self._path / name)
             if digest != table["sha256"]:
                 raise StoreCorruptError(
-                    f"{self._table_where()} changed since it was built (sha256 {digest[:16]}..., recorded "
-                    f"{str(table['sha256'])[:16]}...): the block checks cannot be trusted; {REBUILD_HINT}"
+                    f"{self._table_where(name)} changed since it was built (sha256 {digest[:16]}..., recorded "
+                    f"{str(table['sha256'])[:16]}...): the {what} checks cannot be trusted; {REBUILD_HINT}"
                 )
         self._all_verified = False
         for f, rec in enumerate(self._records):
@@ -1628,11 +1777,27 @@ class TokenStore:
                 raise StoreCorruptError(
                     f"{self._where(rec.name)} has decreasing document offsets; {REBUILD_HINT}"
                 )
+            if blocks is not None and blocks.documents is not None and rec.num_documents:
+                bounds = offsets.tolist()
+                self._verify_documents(f, blocks, range(rec.num_documents), bounds[:-1], bounds[1:])
 
     @property
     def format_version(self) -> int:
-        """The store's on-disk format version (1: no block checksums; 2: a CRC-32 per block)."""
+        """The store's on-disk format version (1: no checksums; 2, 3: a CRC-32 per block; 4: and per document)."""
         return self._version
+
+    @property
+    def document_checks(self) -> bool:
+        """Format 4: :meth:`document_bounds` and :meth:`document_bounds_batch` verify every document they return.
+
+        Each returned document's tokens, read at the returned bounds, passed
+        its recorded CRC-32 (or every block of its file did) before the call
+        returns, so a reader that copies only tokens inside documents whose
+        bounds it got from them (the packing fill path, ``TokenSource``)
+        needs no :meth:`check_blocks` call. False for formats 1 to 3, whose
+        readers must call :meth:`check_blocks` for every run they copy.
+        """
+        return self._version >= 4
 
     @property
     def closed(self) -> bool:

@@ -188,7 +188,7 @@ CASES = [
          problem=r"blocks\.crc32 changed since it was built \(sha256 [0-9a-f]{16}\.\.\., recorded"),
     Case(id="block table size in meta.json wrong", damage=_edit_meta(lambda m: m["layout"]["block_table"].update(
         size=8)), use=_open, error=StoreCorruptError,
-         problem=r"layout\.block_table records 8 bytes, but its files' \d+ blocks of 4096 bytes need \d+"),
+         problem=r"layout\.block_table records 8 bytes, but the store's \d+ blocks of 4096 bytes need \d+"),
     Case(id="block size missing", damage=_edit_meta(lambda meta: meta["layout"].pop("block_bytes")), use=_open,
          error=StoreCorruptError, problem=r"invalid layout\.block_bytes None"),
     Case(id="fingerprint edited", damage=_set("fingerprint", "f" * 64), use=_verify, error=StoreCorruptError,

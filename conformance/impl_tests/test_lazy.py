@@ -1,16 +1,19 @@
 """The lazy path: constructing a dataset reads no token file, a batch reads only the files it touches, and every
-token copied into a batch was handed to ``TokenStore.check_blocks`` first.
+token copied into a batch was checked first: handed to ``TokenStore.check_blocks`` (format 3), or inside a document
+whose own CRC-32 (or whose blocks) the store verified when it gave its bounds (format 4).
 
 Counted, not timed: ``TokenStore._map_file`` (a file mapped),
 ``impl.store.quick_signature`` (a file signed) and ``impl.store._open_arrow``
 (an Arrow footer parsed) are wrapped to record their calls on a store of many
-files; ``check_blocks`` is replaced on the store instance by a recorder. A
-format-2 store maps a file from its recorded buffer layout: neither signed
-nor parsed by Arrow on the read path.
+files; ``check_blocks`` is replaced on the store instance by a recorder
+(format 3), ``TokenSource.gather`` wrapped to audit each run at its entry
+(format 4). A format-2 store maps a file from its recorded buffer layout:
+neither signed nor parsed by Arrow on the read path.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -19,8 +22,11 @@ import pytest
 
 from conformance.assertions import assert_equal, check
 from conformance.impl_tests.test_dataset import make_store
+from conformance.impl_tests.test_store_integrity import _as_format_3
+from impl import build as build_module
 from impl import store as store_module
 from impl.dataset import PackedDataset
+from impl.fill import TokenSource
 from impl.loader import build_dataloader
 from impl.store import TokenStore
 from reference.packing import IGNORE, MODES, NO_OFFSET
@@ -179,20 +185,47 @@ def copied_tokens(store: TokenStore, batch: dict, add_bos: bool) -> list[tuple[i
     return out
 
 
+EDGES = {"plain": {}, "bos+eos": {"add_bos": True, "add_eos": True},
+         "continuation bos": {"bos_on_continuation": True, "stride": 2}}
+
+
+def shuffled_dataset(store: TokenStore, cache_dir: Path, mode: str, edges: str) -> PackedDataset:
+    """A dataset of ``store`` under a global shuffle, with the packing ``edges`` (stride 0 where none continues)."""
+    kwargs = EDGES[edges] if mode not in ("concat", "chunk") or edges != "continuation bos" else {"stride": 0}
+    return PackedDataset(store, seq_len=8, packing=mode, shuffle="global", cache_dir=cache_dir, **kwargs)
+
+
+def some_rows(total: int) -> list[list[int]]:
+    """A first batch, one with padding and rows from both ends, then every row: each pass of a check."""
+    return [[0, 1, 2], [total - 1, -1, total // 2], list(range(total))]
+
+
+@pytest.fixture(scope="module")
+def store_dir_small_blocks(tmp_path_factory):
+    """The corpus in 64-byte checksum blocks: a file is many blocks, so a batch cannot verify all of them at once."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(build_module, "BLOCK_BYTES", 64)
+        return make_store(corpus(), tmp_path_factory.mktemp("small-blocks") / "store").path
+
+
+@pytest.fixture(scope="module")
+def store_dir_3(store_dir, tmp_path_factory):
+    """The store rewritten as format 3 wrote it: no document checksums, the fill checks blocks."""
+    path = tmp_path_factory.mktemp("format3") / "store"
+    shutil.copytree(store_dir, path)
+    _as_format_3(path)
+    return path
+
+
 @pytest.mark.clause("PACK-20")
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("edges", ["plain", "bos+eos", "continuation bos"])
-def test_every_token_copied_into_a_batch_was_handed_to_check_blocks_first_once_per_file(store_dir, tmp_path, mode,
+@pytest.mark.parametrize("edges", list(EDGES))
+def test_every_token_copied_into_a_batch_was_handed_to_check_blocks_first_once_per_file(store_dir_3, tmp_path, mode,
                                                                                        edges):
-    kwargs = {"plain": {}, "bos+eos": {"add_bos": True, "add_eos": True},
-              "continuation bos": {"bos_on_continuation": True, "stride": 2}}[edges]
-    if mode in ("concat", "chunk") and edges == "continuation bos":
-        kwargs = {"stride": 0}
-    ds = PackedDataset(TokenStore.open(store_dir), seq_len=8, packing=mode, shuffle="global", cache_dir=tmp_path,
-                       **kwargs)
+    ds = shuffled_dataset(TokenStore.open(store_dir_3), tmp_path, mode, edges)
+    check(ds.store.format_version == 3 and not ds.store.document_checks, clause="PACK-20", what="a format-3 store")
     calls = record_checks(ds.store)
-    total = len(ds)
-    for rows in ([0, 1, 2], [total - 1, -1, total // 2], list(range(total))):
+    for rows in some_rows(len(ds)):
         calls.clear()
         batch = ds.samples(0, rows)
         files = [f for f, _, _ in calls]
@@ -202,11 +235,66 @@ def test_every_token_copied_into_a_batch_was_handed_to_check_blocks_first_once_p
         assert_equal(missing, [], clause="PACK-20", what=f"{mode}/{edges} tokens copied without a check, rows {rows}")
 
 
+class RunAudit:
+    """Wraps ``TokenSource.gather``: at its entry, each run must lie in one document ``store`` verified (format 4).
+
+    A run ``(file, start, stop)`` passes when one document of its file (by
+    ``clean``'s offsets) holds all of it and that document's CRC passed on
+    ``store`` (``documents_verified``, counted in ``by_document``) or every
+    block holding the document did (documents in file order keep the block
+    checks); ``unverified`` lists the other runs with why.
+    """
+
+    def __init__(self, monkeypatch, store: TokenStore, clean: TokenStore) -> None:
+        self.store = store
+        self.bounds = [np.asarray(clean._offsets[f]) for f in range(clean.num_files)]
+        self.by_document = 0
+        self.unverified: list[tuple[int, int, int, str]] = []
+        real = TokenSource.gather
+
+        def gather(source, out, files, starts, stops, dest, tail=None):
+            for run in zip(np.asarray(files).tolist(), np.asarray(starts).tolist(), np.asarray(stops).tolist()):
+                self.audit(*run)
+            return real(source, out, files, starts, stops, dest, tail)
+
+        monkeypatch.setattr(TokenSource, "gather", gather)
+
+    def audit(self, f: int, a: int, b: int) -> None:
+        bounds, blocks = self.bounds[f], self.store._blocks[f]
+        d = int(np.searchsorted(bounds, a, side="right")) - 1
+        if not (0 <= d < len(bounds) - 1 and bounds[d] <= a < b <= bounds[d + 1]):
+            self.unverified.append((f, a, b, "not inside one document"))
+        elif blocks is None:
+            self.unverified.append((f, a, b, "its file is not mapped"))
+        elif blocks.documents_verified[d]:
+            self.by_document += 1
+        else:
+            first, last = (blocks.base + int(bounds[d + k]) * blocks.itemsize - k for k in (0, 1))
+            if not blocks.verified_np[first // blocks.block:last // blocks.block + 1].all():
+                self.unverified.append((f, a, b, f"neither document {d} nor its blocks verified"))
+
+
+@pytest.mark.clause("PACK-20")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("edges", list(EDGES))
+def test_every_run_copied_from_a_format_4_store_lies_inside_a_document_whose_crc_passed_first(
+        store_dir_small_blocks, tmp_path, monkeypatch, mode, edges):
+    ds = shuffled_dataset(TokenStore.open(store_dir_small_blocks), tmp_path, mode, edges)
+    check(ds.store.format_version == 4 and ds.store.document_checks, clause="PACK-20", what="a format-4 store")
+    audit = RunAudit(monkeypatch, ds.store, TokenStore.open(store_dir_small_blocks))
+    for rows in some_rows(len(ds)):
+        audit.unverified.clear()
+        ds.samples(0, rows)
+        assert_equal(audit.unverified, [], clause="PACK-20", what=f"{mode}/{edges} runs copied unverified, rows {rows}")
+    check(audit.by_document > 0, clause="PACK-20", what=f"{mode}/{edges}: no run passed by its document's own CRC")
+
+
 # ------------------------------------------------------------------ a restarted process's first batch
 
 _FIRST_BATCH_IMPORTS = """
 import json, sys
 from impl.dataset import PackedDataset
+from impl.fill import TokenSource
 from impl.loader import build_dataloader
 store, state = sys.argv[1], json.loads(sys.argv[2])
 ds = PackedDataset(store, seq_len=8, packing="concat", shuffle="global", cache_dir=sys.argv[3])

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from conformance.impl_tests.test_store_integrity import _as_format_3
 from fixtures import generators
 from impl import build as build_module
 from impl import store as store_module
@@ -497,18 +498,23 @@ def test_open_reads_metadata_only_and_no_token_file(big_store_dir, monkeypatch):
     assert store.num_files >= 1
 
 
-def test_first_read_of_a_format_3_file_maps_its_recorded_buffers_without_signature_arrow_parse_or_full_hash(
-        big_store_dir, monkeypatch):
+@pytest.mark.parametrize("version", [3, 4])
+def test_first_read_of_a_format_3_or_4_file_maps_its_recorded_buffers_without_signature_arrow_parse_or_full_hash(
+        big_store_copy, monkeypatch, version):
     def refuse(what):
         return lambda *args, **kwargs: pytest.fail(f"the first read called {what}")
 
-    expected = [TokenStore.open(big_store_dir)[d].tolist() for d in (0, 1, 57)]
+    if version == 3:
+        _as_format_3(big_store_copy)
+    expected = [TokenStore.open(big_store_copy)[d].tolist() for d in (0, 1, 57)]
     monkeypatch.setattr(store_module, "quick_signature", refuse("quick_signature"))
     monkeypatch.setattr(store_module, "_open_arrow", refuse("the Arrow footer parse"))
     monkeypatch.setattr(store_module, "sha256_file", refuse("sha256_file"))
-    store = TokenStore.open(big_store_dir)
+    store = TokenStore.open(big_store_copy)
     assert [store[d].tolist() for d in (0, 1, 57)] == expected
-    assert store[0].size > 0 and store.format_version == 3
+    starts, lengths = store.document_bounds_batch(np.array([0, 0]), np.array([57, 1]))
+    assert [store.read(a, a + n).tolist() for a, n in zip(starts.tolist(), lengths.tolist())] == expected[:0:-1]
+    assert store[0].size > 0 and store.format_version == version
 
 
 def test_a_mid_file_edit_passes_open_but_fails_verify(big_store_copy):
@@ -734,12 +740,13 @@ def test_a_non_store_directory_in_the_way_is_refused_even_with_overwrite(tmp_pat
 
 def test_meta_json_records_counts_hashes_and_tokenizer_identity(small_store, tok, docs):
     meta = small_store.meta
-    assert meta["format"] == "loadspec.tokenstore" and meta["format_version"] == 3
+    assert meta["format"] == "loadspec.tokenstore" and meta["format_version"] == 4
     assert meta["layout"]["block_bytes"] == store_module.BLOCK_BYTES and meta["layout"]["block_checksum"] == "crc32"
-    table = (small_store.path / "blocks.crc32").read_bytes()
-    assert meta["layout"]["block_table"] == {"name": "blocks.crc32", "size": len(table),
-                                             "sha256": hashlib.sha256(table).hexdigest()}
-    crcs = []
+    assert meta["layout"]["document_checksum"] == "crc32"
+    table, documents = ((small_store.path / name).read_bytes() for name in ("blocks.crc32", "documents.crc32"))
+    for key, name, data in (("block_table", "blocks.crc32", table), ("document_table", "documents.crc32", documents)):
+        assert meta["layout"][key] == {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    crcs, document_crcs = [], []
     assert meta["num_documents"] == 40
     assert meta["num_empty_documents"] == sum(not d.split() for d in docs) >= 3
     assert meta["options"] == {"text_field": "text", "add_bos": False, "add_eos": True, "batch_size": 1000,
@@ -756,8 +763,11 @@ def test_meta_json_records_counts_hashes_and_tokenizer_identity(small_store, tok
         assert "block_crc32" not in record
         with pa.memory_map(str(path)) as mm:  # uncompressed Arrow IPC *file* with one list column
             column = pa.ipc.open_file(mm).get_batch(0).column(0)
-        assert column.type == pa.large_list(pa.uint16()) and len(column) == record["num_documents"]
+            assert column.type == pa.large_list(pa.uint16()) and len(column) == record["num_documents"]
+            document_crcs += [zlib.crc32(column[d].values.to_numpy().astype("<u2").tobytes()).to_bytes(4, "big")
+                              for d in range(len(column))]
     assert table == b"".join(crcs)  # the block table: every file's CRCs, file after file
+    assert documents == b"".join(document_crcs)  # the document table: every document's CRC, in store order
 
 
 def test_build_options_are_a_frozen_keyword_only_dataclass_that_validates(tmp_path, tok):

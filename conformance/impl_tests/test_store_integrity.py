@@ -181,8 +181,9 @@ def test_a_read_spanning_files_checks_every_file_it_touches(four):
 
 
 def test_changed_document_offsets_are_refused_before_any_boundary_is_used(tmp_path):
-    """12k short documents: their offsets (96 KB) reach past the first quick-signature window."""
+    """12k short documents: their offsets (96 KB) reach past the first quick-signature window (format 3: blocks)."""
     out = _build(tmp_path / "store", _documents(3, 1, 12_000, 2, 30))
+    _as_format_3(out)
     path = out / "tokens-00000.arrow"
     values_at, offsets_at, size = _layout(path)
     at = offsets_at + 8 * 10_000 + 1  # document 10,000's offset: past the first 64 KiB, before the values
@@ -436,7 +437,7 @@ def test_after_close_metadata_stays_readable_old_views_stay_valid_and_a_pickle_r
     assert pickle.loads(pickle.dumps(store))[0].tolist() == tokens
 
 
-# --------------------------------------------------------------------------- formats 1 and 2
+# --------------------------------------------------------------------------- formats 1, 2 and 3
 
 
 def _refingerprint(meta: dict, version: int) -> None:
@@ -446,8 +447,18 @@ def _refingerprint(meta: dict, version: int) -> None:
         meta["options"]["add_bos"], meta["options"]["add_eos"], format_version=version)
 
 
+def _as_format_3(path: Path) -> None:
+    """Rewrite a store as format 3 wrote it: the block table alone, no documents.crc32, version 3 in the fingerprint."""
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["layout"]["document_table"], meta["layout"]["document_checksum"]
+    (path / "documents.crc32").unlink()
+    _refingerprint(meta, 3)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
 def _as_format_1(path: Path) -> None:
     """Rewrite a store's meta.json exactly as format 1 recorded it: no block checksums, version 1 in the fingerprint."""
+    _as_format_3(path)
     meta = json.loads((path / "meta.json").read_text())
     for record in meta["files"]:
         del record["buffers"]
@@ -459,6 +470,7 @@ def _as_format_1(path: Path) -> None:
 
 def _as_format_2(path: Path) -> None:
     """Rewrite a store as format 2 wrote it: each record's block CRCs as hex in meta.json, no block table file."""
+    _as_format_3(path)
     meta = json.loads((path / "meta.json").read_text())
     table = (path / "blocks.crc32").read_bytes()
     block, at = meta["layout"]["block_bytes"], 0
@@ -572,6 +584,7 @@ def test_a_batch_checks_only_the_offsets_blocks_of_its_documents_and_refuses_a_c
     from impl.fill import TokenSource
 
     out = _build(tmp_path / "store", _documents(3, 1, 12_000, 2, 30))
+    _as_format_3(out)  # block checks of the offsets (format 4 checks each document instead: tested apart)
     path = out / "tokens-00000.arrow"
     _, offsets_at, _ = _layout(path)
     expected = TokenStore.open(out)
@@ -710,8 +723,10 @@ def test_a_changed_byte_in_any_value_block_is_refused_by_a_batch_check_before_an
 
 def test_a_loader_under_a_global_shuffle_refuses_a_changed_value_or_offsets_block_before_serving_any_of_its_tokens(
         four, tmp_path):
+    """Format 3: the fill checks the blocks of every run it copies (format 4's document checks are tested apart)."""
     from impl.dataset import PackedDataset
 
+    _as_format_3(four)
     clean = TokenStore.open(four)
     starts = np.asarray(clean.file_document_starts)
     changes = {"values": ("tokens-00002.arrow", _middle_value_byte(four / "tokens-00002.arrow")[0]),

@@ -1056,8 +1056,11 @@ class TokenStore:
             )
         if blocks is not None and by_document:
             self._verify_documents([(f, d, a, b) for d, a, b in zip(local.tolist(), starts.tolist(), stops.tolist())])
-        elif check_tokens:
-            self.check_blocks(f, starts, stops)
+        elif blocks is not None and check_tokens:  # dense: offsets checked above; skip when their span is verified
+            item, block = blocks.itemsize, blocks.block
+            first = (blocks.base + offsets.item(first_doc) * item) // block
+            if blocks.verified.find(0, first, (blocks.base + offsets.item(last_doc + 1) * item - 1) // block + 1) >= 0:
+                self.check_blocks(f, starts, stops)
         return starts.astype(np.int64, copy=False), stops - starts
 
     def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

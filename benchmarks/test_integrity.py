@@ -1,25 +1,27 @@
-"""(8) Block checksums: what ``TokenStore.check_blocks`` adds to a packed iteration, on first read and after.
+"""(8) Integrity checks: what a first read's checksums add to a packed iteration, and what they cost alone.
 
-The fill path calls ``store.check_blocks_batch(files, starts, stops)`` once a
-batch, for the token runs the batch copies (``check_blocks`` once per file for
-runs all in one file). Workloads (page cache
-warm; shuffle ``none`` reads blocks in order, ``global`` in random order, the
-worst case for a first read since nearly every document lands in a block not
-yet verified):
+The fill path of a format-4 store checks each document the first time its
+bounds are read (``TokenStore.document_bounds_batch``: one CRC-32 of the
+document's token bytes; documents close together, in file order, by their
+16 KiB blocks with read-ahead) and then copies only tokens of checked
+documents; a format-3 store's fill calls ``store.check_blocks_batch(files,
+starts, stops)`` once a batch for the token runs it copies. Workloads (page
+cache warm; shuffle ``none`` reads documents in order, ``global`` in random
+order, the worst case for a first read since nearly every document is read
+for the first time):
 
 * ``impl``: the one-process packed iteration of ``test_throughput`` (batches
   of 8 x 2048 tokens), no block checks in the timed loop: the baseline.
 * ``impl+check-first`` / ``impl+check-verified``: the same iteration plus
-  ``check_blocks`` over each batch's exact token runs, one call per file (the
-  fill path's calls before ``check_blocks_batch``), on a fresh store object
-  (every block unverified: a first read) or on one whose blocks are all
-  verified; ``impl+check-disabled`` makes the same calls with
+  ``check_blocks`` over each batch's exact token runs, one call per file (a
+  format-3 fill path's calls before ``check_blocks_batch``), on a fresh store
+  object (every block unverified: a first read) or on one whose blocks are
+  all verified; ``impl+check-disabled`` makes the same calls with
   ``check_blocks`` replaced by a no-op (the price of the calls alone). Each
   ``impl+check-*`` round also times its ``check_blocks`` calls alone, so
   ``extra_info["check_fraction"]`` (check time / the rest of the same round)
-  is the overhead measured under the same load as the iteration it is
-  compared with: the figure issue 8's target (<= 5 % on a first read) is
-  read from (``benchmarks.figures``).
+  is the block checks' overhead measured under the same load as the
+  iteration it is compared with.
 * ``check-first`` / ``check-verified``: only the ``check_blocks`` calls of
   those batches, without the loader.
 * ``files-first``: every block of every file checked once on a fresh store
@@ -33,19 +35,22 @@ yet verified):
 
 ``impl-first-vs-verified``: what a first read really adds, in the loader's
 own fill path: each round iterates the batches three times, alternately, on a
-new dataset over a new store object whose blocks are all unverified (every
-check a first read: CRCs plus the bookkeeping of a first read), on one whose
-blocks were all verified before (untimed), and on a new store object whose
-files carry no block checks (``unchecked``: what a fresh mapping costs
+new dataset over a new store object whose blocks and documents are all
+unverified (every check a first read), on one whose blocks were all verified
+before (untimed), and on a new store object whose files carry no checks at
+all (``unchecked``: no block or document table is consulted and, for this
+format-4 store, the fill makes no check call; what a fresh mapping costs
 without any check, its first-touch page faults and cold reads); all locate
-every document anew. ``extra_info["first_read_overhead"]`` is the median over
-rounds of first / verified - 1: issue 8's figure (target <= 5 % at L);
-``check_overhead`` is first / unchecked - 1, the checks' own share of it
-(under a global shuffle a fresh mapping alone costs about a fifth of the iteration at L, which no
-check can remove), ``fresh_map_overhead`` unchecked / verified - 1.
-``check_fraction`` of ``impl+check-*`` is an upper bound of it: a second,
-separate ``check_blocks`` call per file per batch, on cold caches, on top of
-the fill path's own.
+every document anew. ``extra_info["check_overhead"]`` is the median over
+rounds of first / unchecked - 1: issue 8's figure (target <= 5 % at L);
+``first_read_overhead`` is first / verified - 1 and ``fresh_map_overhead``
+unchecked / verified - 1 (about 0 for format 4; for format 3 it was +22 %
+under the global shuffle, which was not the mapping but the fill's
+``check_blocks_batch`` calls, made with no checks to do: its per-run loop
+never short-circuits until every block of the store is verified).
+``check_fraction`` of ``impl+check-*`` is an upper bound of the block
+checks' share: a second, separate ``check_blocks`` call per file per batch,
+on cold caches, on top of the fill path's own.
 
 The batches' token runs come from ``harness.sample_runs`` (untimed); the
 iteration runs the epoch's first ``TPUT_TOKENS`` tokens like

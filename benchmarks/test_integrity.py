@@ -281,3 +281,21 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, impl
                                 us_per_batch=1e6 * seconds / max(counted["batches"], 1))
     if fractions:
         benchmark.extra_info["check_fraction"] = float(np.median(fractions))
+
+
+@pytest.mark.parametrize("shuffle", ["none", "global"])
+def test_integrity_over_a_long_first_read(benchmark, corpus, smoke: bool, shuffle: str):
+    """``benchmarks/first_epoch.py``: the checks' overhead over 4096 batches (64 in the smoke run), first vs unchecked.
+
+    The timed figure is the whole measurement's wall time; the overhead
+    (first / unchecked - 1, medians of 3 runs) is ``extra_info["check_overhead"]``.
+    """
+    from benchmarks.first_epoch import measure
+
+    benchmark.group = "integrity-long"
+    batches, runs = (64, 1) if smoke else (4096, 3)
+    out: dict = {}
+    benchmark.pedantic(lambda: out.update(measure(corpus.size, shuffle, batches, runs)), rounds=1, warmup_rounds=0)
+    assert out["first_s"] > 0 and out["unchecked_s"] > 0
+    benchmark.extra_info.update(kind="integrity-long", shuffle=shuffle, size=corpus.size, batches=batches, runs=runs,
+                                first_s=out["first_s"], unchecked_s=out["unchecked_s"], check_overhead=out["overhead"])

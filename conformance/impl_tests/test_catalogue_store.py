@@ -134,13 +134,29 @@ def _garble_block_crcs(meta: dict[str, Any]) -> None:
     record["block_crc32"] = "zz" + record["block_crc32"][2:]
 
 
-def _truncate_table(root: Path) -> None:
-    table = root / "blocks.crc32"
-    table.write_bytes(table.read_bytes()[:-4])
+def _truncate_table(name: str) -> Callable[[Path], None]:
+    def damage(root: Path) -> None:
+        table = root / name
+        table.write_bytes(table.read_bytes()[:-4])
+    return damage
 
 
 def _edit_table(root: Path) -> None:
     _flip(root / "blocks.crc32", 1)
+
+
+def _read_each_document_alone(root: Path) -> None:
+    """Every document's bounds asked for one at a time, in a shuffled order: format 4 CRCs each document."""
+    store = TokenStore.open(root)
+    starts = np.asarray(store.file_document_starts)
+    for d in np.random.default_rng(5).permutation(len(store)).tolist():
+        f = int(np.searchsorted(starts, d, side="right")) - 1
+        store.document_bounds_batch(np.array([f]), np.array([d - starts[f]]))
+
+
+_CHANGED_DOCUMENT = (r"changed since it was built: its document \d+ \(document \d+ of the store; tokens \d+-\d+, bytes "
+                     r"\d+-\d+ of \d+, as its offsets now say\) has CRC-32 [0-9a-f]{8}, [0-9a-f]{8} when built "
+                     r"\(documents\.crc32\), so none of its tokens is served")
 
 
 def _name_outside(meta: dict[str, Any]) -> None:
@@ -182,13 +198,30 @@ CASES = [
          problem=r"tokens-00000\.arrow: its block_crc32 in meta\.json is not hexadecimal"),
     Case(id="block table missing", damage=lambda root: (root / "blocks.crc32").unlink(), use=_open,
          error=StoreCorruptError, problem=r"blocks\.crc32 is missing"),
-    Case(id="block table truncated", damage=_truncate_table, use=_open, error=StoreCorruptError,
+    Case(id="block table truncated", damage=_truncate_table("blocks.crc32"), use=_open, error=StoreCorruptError,
          problem=r"blocks\.crc32 is truncated \(\d+ bytes, \d+ when built\)"),
     Case(id="block table edited", damage=_edit_table, use=_verify, error=StoreCorruptError,
          problem=r"blocks\.crc32 changed since it was built \(sha256 [0-9a-f]{16}\.\.\., recorded"),
     Case(id="block table size in meta.json wrong", damage=_edit_meta(lambda m: m["layout"]["block_table"].update(
         size=8)), use=_open, error=StoreCorruptError,
          problem=r"layout\.block_table records 8 bytes, but the store's \d+ blocks of 4096 bytes need \d+"),
+    Case(id="corrupted document", damage=_middle_byte, use=_read_each_document_alone, error=StoreCorruptError,
+         problem=r"tokens-00001\.arrow " + _CHANGED_DOCUMENT, fix=r"restore the file from a good copy or " + REBUILD),
+    Case(id="document table entry edited", damage=lambda root: _flip(root / "documents.crc32", 1),
+         use=_read_each_document_alone, error=StoreCorruptError, problem=r"tokens-00000\.arrow " + _CHANGED_DOCUMENT),
+    Case(id="document table edited", damage=lambda root: _flip(root / "documents.crc32", 1), use=_verify,
+         error=StoreCorruptError,
+         problem=r"documents\.crc32 changed since it was built \(sha256 [0-9a-f]{16}\.\.\., recorded"),
+    Case(id="document table missing", damage=lambda root: (root / "documents.crc32").unlink(), use=_open,
+         error=StoreCorruptError, problem=r"documents\.crc32 is missing"),
+    Case(id="document table truncated", damage=_truncate_table("documents.crc32"), use=_open, error=StoreCorruptError,
+         problem=r"documents\.crc32 is truncated \(\d+ bytes, \d+ when built\)"),
+    Case(id="document table in meta.json not a record", damage=_edit_meta(
+        lambda m: m["layout"].__setitem__("document_table", "documents.crc32")), use=_open, error=StoreCorruptError,
+         problem=r"invalid layout\.document_table 'documents\.crc32'"),
+    Case(id="document table size in meta.json wrong", damage=_edit_meta(
+        lambda m: m["layout"]["document_table"].update(size=8)), use=_open, error=StoreCorruptError,
+         problem=r"layout\.document_table records 8 bytes, but the store's 600 documents need 2400"),
     Case(id="block size missing", damage=_edit_meta(lambda meta: meta["layout"].pop("block_bytes")), use=_open,
          error=StoreCorruptError, problem=r"invalid layout\.block_bytes None"),
     Case(id="fingerprint edited", damage=_set("fingerprint", "f" * 64), use=_verify, error=StoreCorruptError,

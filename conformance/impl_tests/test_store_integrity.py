@@ -8,6 +8,14 @@ the offsets left unchecked, a reopened store trusting the parent's bitmap,
 ``verify`` skipping blocks read before or meta's own fingerprint, blocks
 CRC'd on every read (or never), format 1 refused. Byte positions come from
 an oracle independent of impl (pyarrow's own buffer addresses in the file).
+
+Format 4 adds one CRC-32 per document (``documents.crc32``), checked when a
+document's bounds are first asked for: a changed token byte, offsets entry
+or table entry is refused naming the document; a random read CRCs exactly
+its documents' bytes, once per store object; documents in file order keep
+the block checks; ``verify`` recomputes every document. The tests of the
+block checks on the fill and bounds paths run on a store rewritten as
+format 3 (``_as_format_3``), which reads as before.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import itertools
 import json
 import multiprocessing
 import pickle
+import re
 import shutil
 import warnings
 import zlib
@@ -118,13 +127,15 @@ def large(tmp_path, large_file) -> Path:
 
 
 class _CountingCrc:
-    """Stands in for the store module's ``crc32``: counts CRCs, computes them with zlib's (the same CRC-32)."""
+    """Stands in for the store module's ``crc32``: counts CRCs and their bytes, computes them with zlib's (the same)."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.sizes: list[int] = []
 
     def __call__(self, data: object, value: int = 0) -> int:
         self.calls += 1
+        self.sizes.append(memoryview(data).nbytes)  # type: ignore[arg-type]
         return zlib.crc32(data, value)  # type: ignore[arg-type]
 
 
@@ -776,3 +787,174 @@ def test_a_run_touching_a_changed_block_by_one_token_is_refused_by_both_block_ch
         TokenStore.open(four).check_blocks_batch(np.array([0, 1, 3]), np.array([5, a, 7]), np.array([9, b, 8]))
     short = first_token if ends_in else a  # the same run stopping short of the block
     TokenStore.open(four).check_blocks_batch(np.array([0, 1, 3]), np.array([5, a, 7]), np.array([9, short, 8]))
+
+
+# --------------------------------------------------------------------------- format 4: one CRC-32 per document
+
+
+@pytest.fixture(scope="module")
+def many_short_file(tmp_path_factory) -> Path:
+    """One file of 12k documents of 0-29 tokens (~400 empty) in 1 KiB blocks: its offsets span 94 blocks."""
+    return _build(tmp_path_factory.mktemp("many") / "store", _documents(3, 1, 12_000, 0, 30), block=1024)
+
+
+@pytest.fixture
+def many_short(tmp_path, many_short_file) -> Path:
+    dst = tmp_path / "store"
+    shutil.copytree(many_short_file, dst)
+    return dst
+
+
+def _document_pattern(name: str, local: int, document: int) -> str:
+    """The refusal of document ``local`` of file ``name`` (``document`` of the store) by its CRC-32."""
+    return (rf"{name} changed since it was built: its document {local} \(document {document} of the store; tokens "
+            rf"\d+-\d+, bytes \d+-\d+ of \d+, as its offsets now say\) has CRC-32 [0-9a-f]{{8}}, [0-9a-f]{{8}} when "
+            rf"built \(documents\.crc32\), so none of its tokens is served; restore the file from a good copy or "
+            rf"rebuild it with")
+
+
+def _add_to_offset(path: Path, entry: int, delta: int) -> None:
+    """Add ``delta`` to offsets entry ``entry`` (int64, little-endian) of the file: the bound of two documents moves."""
+    at = _layout(path)[1] + 8 * entry
+    with open(path, "r+b") as f:
+        f.seek(at)
+        value = int.from_bytes(f.read(8), "little", signed=True)
+        f.seek(at)
+        f.write((value + delta).to_bytes(8, "little", signed=True))
+
+
+def _among_scattered(store: TokenStore, docs: np.ndarray) -> np.ndarray:
+    """``docs`` of file 0 after 72 others spread evenly over it (none next to them): scattered, as a global shuffle."""
+    near = {int(d) + k for d in docs.tolist() for k in (-1, 0, 1)}
+    spread = [d for d in np.linspace(0, store.num_documents - 1, 72).astype(int).tolist() if d not in near]
+    return np.array([*spread, *docs.tolist()], dtype=np.int64)
+
+
+#: How a reader asks for the bounds of ``docs`` of file 0: the per-document loop, or among many scattered (numpy).
+BOUNDS_PATHS = {
+    "one at a time (document_bounds_batch)": lambda s, docs: [s.document_bounds_batch(np.array([0]), np.array([d]))
+                                                             for d in docs.tolist()],
+    "among 72 scattered (document_bounds)": lambda s, docs: s.document_bounds(0, _among_scattered(s, docs)),
+    "among 72 scattered (document_bounds_batch)": lambda s, docs: s.document_bounds_batch(
+        np.zeros(len(_among_scattered(s, docs)), dtype=np.int64), _among_scattered(s, docs)),
+}
+
+
+def _lengths_of(store_dir: Path) -> np.ndarray:
+    return np.asarray(TokenStore.open(store_dir).lengths)
+
+
+def _entry_between(lengths: np.ndarray, near: int, empty_before: bool, empty_after: bool) -> int:
+    """The first offsets entry ``k >= near`` between documents ``k - 1`` and ``k`` empty or not as asked."""
+    empty = (lengths == 0).tolist()
+    return next(k for k in range(near, len(lengths)) if (empty[k - 1], empty[k]) == (empty_before, empty_after))
+
+
+@pytest.mark.parametrize("path", list(BOUNDS_PATHS))
+def test_a_changed_token_byte_is_refused_by_the_bounds_of_its_document_naming_it_on_every_read(many_short, path):
+    lengths = _lengths_of(many_short)
+    d = 6_000 + int(np.flatnonzero(lengths[6_000:] >= 4)[0])
+    file = many_short / "tokens-00000.arrow"
+    clean = TokenStore.open(many_short)
+    good = np.array([d - 1, d + 1])
+    expected = clean.document_bounds(0, good)
+    _flip(file, _layout(file)[0] + 2 * (int(clean.doc_offsets[d]) + 2))
+    store = TokenStore.open(many_short)
+    assert store.document_checks
+    for _ in range(2):  # refused again: a document whose CRC failed never counts as verified
+        with pytest.raises(StoreCorruptError, match=_document_pattern(file.name, d, d)):
+            BOUNDS_PATHS[path](store, np.array([d]))
+    got = store.document_bounds_batch(np.zeros(2, dtype=np.int64), good)  # its neighbours still serve
+    assert [g.tolist() for g in got] == [e.tolist() for e in expected]
+
+
+@pytest.mark.parametrize("path", list(BOUNDS_PATHS))
+@pytest.mark.parametrize(("entry", "empty_before", "empty_after", "delta"), [
+    ("between two documents", False, False, 1),
+    ("ending an empty document", True, False, 1),
+    ("starting an empty document", False, True, -1),
+])
+def test_a_changed_offsets_entry_is_refused_by_the_crc_of_either_document_it_bounds(many_short, path, entry,
+                                                                                     empty_before, empty_after, delta):
+    """The entry moves by one token: each of its two documents is then read over a moved range, whose CRC fails."""
+    k = _entry_between(_lengths_of(many_short), 4_000, empty_before, empty_after)
+    file = many_short / "tokens-00000.arrow"
+    _add_to_offset(file, k, delta)
+    for d in (k - 1, k):
+        store = TokenStore.open(many_short)
+        for _ in range(2):
+            with pytest.raises(StoreCorruptError, match=_document_pattern(file.name, d, d)):
+                BOUNDS_PATHS[path](store, np.array([d]))
+
+
+def test_a_changed_offsets_entry_of_a_format_4_file_is_refused_by_its_block_for_whole_file_uses_by_its_documents_else(
+        many_short):
+    """The format-4 side of the offsets test above: ``lengths`` and ``store[d]`` read offsets checked by block."""
+    k = _entry_between(_lengths_of(many_short), 10_000, False, False)
+    file = many_short / "tokens-00000.arrow"
+    at = _layout(file)[1] + 8 * k
+    _add_to_offset(file, k, 1)
+    store = TokenStore.open(many_short)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(file, at, 1024)):
+        _ = store.lengths
+    with pytest.raises(StoreCorruptError, match=_block_pattern(file, at, 1024)):
+        store[k]
+    with pytest.raises(StoreCorruptError, match=_document_pattern(file.name, k, k)):
+        TokenStore.open(many_short).document_bounds(0, np.array([3, k]))
+
+
+def test_a_located_batch_crcs_only_its_documents_bytes_and_refuses_a_changed_offsets_entry_naming_the_document(
+        many_short, monkeypatch):
+    """The format-4 side of the batch test above: no offsets block is read, each document's own bytes are."""
+    from impl.fill import TokenSource
+
+    lengths = _lengths_of(many_short)
+    d = _entry_between(lengths, 9_000, False, False)
+    clean = TokenStore.open(many_short)
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    _, lo, length = TokenSource.from_store(TokenStore.open(many_short)).locate(np.array([5, d]))
+    assert counting.sizes == [2 * int(lengths[5]), 2 * int(lengths[d])]
+    assert lo.tolist() == [int(clean.doc_offsets[e]) for e in (5, d)] and length.tolist() == lengths[[5, d]].tolist()
+    file = many_short / "tokens-00000.arrow"
+    _add_to_offset(file, d + 1, 1)  # the end of document d: an entry the locate above used
+    fresh = TokenSource.from_store(TokenStore.open(many_short))
+    assert fresh.locate(np.array([5]))[2].tolist() == [int(lengths[5])]
+    with pytest.raises(StoreCorruptError, match=_document_pattern(file.name, d, d)):
+        fresh.locate(np.array([d]))
+
+
+@pytest.mark.parametrize("change", ["token byte", "offsets entry"])
+def test_a_loader_under_a_global_shuffle_refuses_a_changed_document_before_serving_any_of_its_tokens_naming_it(
+        four, tmp_path, change):
+    """Format 4: the fill copies only documents whose CRC passed; a changed one is named with documents.crc32.
+
+    The plan is computed (and cached) before the change: computing it reads
+    every length, whose offsets are checked by block.
+    """
+    from impl.dataset import PackedDataset
+
+    def dataset() -> PackedDataset:
+        return PackedDataset(TokenStore.open(four), seq_len=64, packing="concat", shuffle="global", seed=3,
+                             cache_dir=tmp_path)
+
+    dataset().plan(0)
+    clean = TokenStore.open(four)
+    starts = clean.file_document_starts
+    if change == "token byte":
+        f, (at, token) = 2, _middle_value_byte(four / "tokens-00002.arrow")
+        _flip(four / "tokens-00002.arrow", at)
+        changed = {_doc_holding(clean, 2, token)}
+    else:
+        f = 1
+        _add_to_offset(four / "tokens-00001.arrow", 60, 1)  # the end of its document 59, the start of 60
+        changed = {starts[1] + 59, starts[1] + 60}
+    name = clean.file_records[f].name
+    ds = dataset()
+    assert ds.store.document_checks
+    with pytest.raises(StoreCorruptError) as refused:
+        for first in range(0, len(ds), 8):
+            served = set(ds.samples(0, range(first, min(first + 8, len(ds))))["doc_ids"].ravel().tolist())
+            assert not served & changed, f"a token of the changed document(s) {changed & served} was served"
+    assert any(re.search(_document_pattern(name, d - starts[f], d), str(refused.value)) for d in changed), \
+        str(refused.value)

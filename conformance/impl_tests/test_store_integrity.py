@@ -21,6 +21,7 @@ format 3 (``_as_format_3``), which reads as before.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -523,15 +524,17 @@ def test_a_format_2_store_with_a_changed_middle_byte_is_refused_on_first_read_na
         store[_doc_holding(store, 2, token)]
 
 
+@pytest.mark.parametrize("name", ["blocks.crc32", "documents.crc32"])
 @pytest.mark.parametrize("change", ["truncate", "delete"])
-def test_a_truncated_or_missing_block_table_is_refused_at_open_naming_it(four, change):
-    table = four / "blocks.crc32"
+def test_a_truncated_or_missing_checksum_table_is_refused_at_open_naming_it(four, change, name):
+    table = four / name
     if change == "truncate":
         table.write_bytes(table.read_bytes()[:-4])
     else:
         table.unlink()
-    message = r"blocks\.crc32 is truncated \(\d+ bytes, \d+ when built\)" if change == "truncate" else \
-        r"blocks\.crc32 is missing"
+    escaped = re.escape(name)
+    message = rf"{escaped} is truncated \(\d+ bytes, \d+ when built\)" if change == "truncate" else \
+        rf"{escaped} is missing"
     with pytest.raises(StoreCorruptError, match=message + r".*rebuild it with"):
         TokenStore.open(four)
 
@@ -958,3 +961,61 @@ def test_a_loader_under_a_global_shuffle_refuses_a_changed_document_before_servi
             assert not served & changed, f"a token of the changed document(s) {changed & served} was served"
     assert any(re.search(_document_pattern(name, d - starts[f], d), str(refused.value)) for d in changed), \
         str(refused.value)
+
+
+def test_a_changed_entry_of_the_document_table_refuses_its_document_on_read_and_verify_names_the_table(four):
+    starts = TokenStore.open(four).file_document_starts
+    g = starts[1] + 7
+    _flip(four / "documents.crc32", 4 * g + 1)
+    store = TokenStore.open(four)
+    for _ in range(2):
+        with pytest.raises(StoreCorruptError, match=_document_pattern("tokens-00001.arrow", 7, g)):
+            store.document_bounds_batch(np.array([0, 1]), np.array([6, 7]))
+    store.document_bounds_batch(np.array([1, 1]), np.array([6, 8]))  # its neighbours' entries are intact
+    with pytest.raises(StoreCorruptError, match=r"documents\.crc32 changed since it was built \(sha256 [0-9a-f]{16}"
+                                                r"\.\.\., recorded [0-9a-f]{16}\.\.\.\): the document checks cannot be "
+                                                r"trusted; rebuild it with"):
+        TokenStore.open(four).verify()
+
+
+def test_verify_recomputes_every_document_even_when_the_document_table_and_its_recorded_sha256_were_edited_together(
+        four):
+    starts = TokenStore.open(four).file_document_starts
+    g = starts[3] + 11
+    table = four / "documents.crc32"
+    data = bytearray(table.read_bytes())
+    data[4 * g + 3] ^= 0x01
+    table.write_bytes(bytes(data))
+    meta = json.loads((four / "meta.json").read_text())
+    meta["layout"]["document_table"]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (four / "meta.json").write_text(json.dumps(meta))
+    store = TokenStore.open(four)
+    store.document_bounds_batch(np.array([3]), np.array([10]))  # not refused: only its own document is read
+    with pytest.raises(StoreCorruptError, match=_document_pattern("tokens-00003.arrow", 11, g)):
+        store.verify()
+    with pytest.raises(StoreCorruptError, match=_document_pattern("tokens-00003.arrow", 11, g)):
+        TokenStore.open(four, verify=True)
+
+
+@pytest.mark.parametrize("edit", [
+    pytest.param(lambda layout: layout.pop("document_table"), id="missing"),
+    pytest.param(lambda layout: layout.__setitem__("document_table", "documents.crc32"), id="not-a-record"),
+    pytest.param(lambda layout: layout["document_table"].__setitem__("name", "blocks.crc32"), id="another-name"),
+    pytest.param(lambda layout: layout["document_table"].__setitem__("size", True), id="size-a-bool"),
+    pytest.param(lambda layout: layout["document_table"].pop("sha256"), id="no-sha256"),
+])
+def test_a_malformed_document_table_record_in_meta_json_is_refused_at_open(four, edit):
+    meta = json.loads((four / "meta.json").read_text())
+    edit(meta["layout"])
+    (four / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreCorruptError, match=r"meta\.json: invalid layout\.document_table .*rebuild it with"):
+        TokenStore.open(four)
+
+
+def test_a_wrong_document_table_size_in_meta_json_is_refused_at_open_naming_the_documents(four):
+    meta = json.loads((four / "meta.json").read_text())
+    meta["layout"]["document_table"]["size"] -= 4
+    (four / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreCorruptError, match=r"layout\.document_table records 1916 bytes, but the store's 480 "
+                                                r"documents need 1920; rebuild it with"):
+        TokenStore.open(four)

@@ -1019,3 +1019,95 @@ def test_a_wrong_document_table_size_in_meta_json_is_refused_at_open_naming_the_
     with pytest.raises(StoreCorruptError, match=r"layout\.document_table records 1916 bytes, but the store's 480 "
                                                 r"documents need 1920; rebuild it with"):
         TokenStore.open(four)
+
+
+def _bounds_of(store: TokenStore, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``document_bounds_batch`` of store documents ``docs``: their files and file-local indices computed here."""
+    starts = np.asarray(store.file_document_starts)
+    files = np.searchsorted(starts, docs, side="right") - 1
+    return store.document_bounds_batch(files, docs - starts[files])
+
+
+@pytest.mark.parametrize(("store_dir", "count"), [("four", 6), ("many_short", 72)],
+                         ids=["a few across files (one by one)", "many scattered in one file (numpy)"])
+def test_a_random_first_read_crcs_exactly_its_documents_bytes_once_per_store_object_and_again_when_reopened(
+        request, monkeypatch, store_dir, count):
+    path = request.getfixturevalue(store_dir)
+    lengths = _lengths_of(path)
+    item = TokenStore.open(path).dtype.itemsize
+    rng = np.random.default_rng(4)
+    first, other = (rng.choice(len(lengths), count, replace=False) for _ in range(2))
+    second = rng.permutation(np.setdiff1d(other, first))[:count - count // 3]  # with a third of first: count again
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+
+    def crcd(store: TokenStore, docs: np.ndarray) -> list[int]:
+        counting.sizes.clear()
+        _bounds_of(store, docs)
+        return sorted(counting.sizes)
+
+    def bytes_of(docs: np.ndarray) -> list[int]:
+        return sorted((lengths[docs] * item).tolist())
+
+    store = TokenStore.open(path)
+    assert crcd(store, first) == bytes_of(first)
+    assert crcd(store, np.concatenate((first[: count // 3], second))) == bytes_of(second), "once per store object"
+    assert crcd(store, first) == []
+    for other in (TokenStore.open(path), pickle.loads(pickle.dumps(store))):
+        assert crcd(other, first) == bytes_of(first), "a reopened or unpickled store checks again"
+
+
+def test_a_shuffled_batch_crcs_exactly_the_bytes_of_the_documents_it_serves(many_short, tmp_path, monkeypatch):
+    from impl.dataset import PackedDataset
+
+    def dataset() -> PackedDataset:
+        return PackedDataset(TokenStore.open(many_short), seq_len=64, packing="concat", shuffle="global", seed=3,
+                             cache_dir=tmp_path)
+
+    dataset().plan(0)  # the plan reads every length (offsets checked by block): cached, as a resumed job finds it
+    lengths = _lengths_of(many_short)
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    ds = dataset()
+    served: set[int] = set()
+    for rows in ([0, 1, 2, 3], [len(ds) // 2, 7, 3], [len(ds) - 1]):
+        counting.sizes.clear()
+        docs = set(ds.samples(0, rows)["doc_ids"].ravel().tolist()) - {-1}
+        new = np.array(sorted(docs - served), dtype=np.int64)
+        assert sorted(counting.sizes) == sorted((2 * lengths[new]).tolist()), rows
+        served |= docs
+    assert len(served) > 8
+
+
+def test_documents_read_in_file_order_keep_the_block_checks_and_read_ahead_and_a_changed_byte_is_refused_by_block(
+        large, monkeypatch):
+    """Dense documents (their offsets in few blocks) are checked by block, reading ahead, not by document CRCs."""
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    store = TokenStore.open(large)
+    half = store.num_documents // 2
+    for k in range(0, half, 10):
+        store.document_bounds(0, np.arange(k, k + 10))
+    blocks = store._blocks[0]
+    assert blocks is not None and not any(blocks.documents_verified)
+    assert set(counting.sizes) <= {store_module.BLOCK_BYTES, blocks.size % store_module.BLOCK_BYTES}
+    last = (blocks.base + 2 * int(store.doc_offsets[half]) - 1) // blocks.block
+    assert blocks.verified_np[last + 1:last + 1 + blocks.read_ahead // 2].all(), "no read-ahead past the documents"
+    path = large / "tokens-00000.arrow"
+    at, token = _middle_value_byte(path)
+    _flip(path, at)
+    fresh = TokenStore.open(large)
+    bad = _doc_holding(fresh, 0, token)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, store_module.BLOCK_BYTES)):
+        for k in range(0, fresh.num_documents, 10):
+            fresh.document_bounds(0, np.arange(k, min(k + 10, fresh.num_documents)))
+            assert k + 10 <= bad, "the bounds of the changed document were returned"
+
+
+def test_a_file_whose_blocks_are_all_verified_gives_its_documents_bounds_without_a_document_crc(four, monkeypatch):
+    store = TokenStore.open(four)
+    list(store)  # every block of every file verified
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    _bounds_of(store, np.array([3, 200, 450]))
+    assert counting.calls == 0 and not any(store._blocks[0].documents_verified)

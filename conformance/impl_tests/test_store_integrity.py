@@ -1104,6 +1104,58 @@ def test_documents_read_in_file_order_keep_the_block_checks_and_read_ahead_and_a
             assert k + 10 <= bad, "the bounds of the changed document were returned"
 
 
+@pytest.mark.parametrize(("vocab", "dtype"), [(50_000, np.uint16), (100_000, np.uint32)], ids=["uint16", "uint32"])
+def test_documents_crc32_holds_the_crc_of_each_documents_token_bytes_as_pyarrow_finds_them_empty_ones_included(
+        tmp_path, vocab, dtype):
+    rng = np.random.default_rng(9)
+    files = [[rng.integers(0, vocab, size=int(rng.integers(0, 40)) * bool(j % 5)).tolist() for j in range(31)]
+             for _ in range(3)]
+    files[1][-1] = []
+    store = TokenStore.from_token_files(files, tmp_path / "store", vocab_size=vocab)
+    assert store.dtype == dtype
+    oracle: list[int] = []
+    for rec in store.file_records:
+        path = store.path / rec.name
+        with pa.memory_map(str(path), "r") as mm:
+            col = pa.ipc.open_file(mm).get_batch(0).column(0)
+            item = col.type.value_type.bit_width // 8
+            values = col.values.buffers()[1].to_pybytes()
+            offsets = col.offsets.to_numpy()
+        crcs = [zlib.crc32(values[a * item:b * item]) for a, b in itertools.pairwise(offsets.tolist())]
+        assert store_module.hash_documents(path, _layout(path)[0], offsets, item) == \
+            b"".join(c.to_bytes(4, "big") for c in crcs).hex()
+        oracle += crcs
+    table = np.frombuffer((store.path / "documents.crc32").read_bytes(), dtype=">u4").tolist()
+    assert table == oracle and len(table) == 93
+    empty = [c for c, n in zip(table, store.lengths.tolist()) if n == 0]
+    assert len(empty) >= 20 and set(empty) == {0}, "an empty document's CRC is 0"
+
+
+def test_a_format_3_store_opens_reads_the_same_tokens_has_no_document_checks_and_its_fill_refuses_a_changed_block(
+        four):
+    from impl.fill import TokenSource
+
+    expected = [d.tolist() for d in TokenStore.open(four)]
+    bounds = [b.tolist() for b in _bounds_of(TokenStore.open(four), np.arange(0, 480, 7))]
+    _as_format_3(four)
+    assert not (four / "documents.crc32").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = TokenStore.open(four, verify=True)
+        assert store.format_version == 3 and not store.document_checks
+        assert [store[d].tolist() for d in range(len(store))] == expected
+        assert [b.tolist() for b in _bounds_of(store, np.arange(0, 480, 7))] == bounds
+    path = four / "tokens-00002.arrow"
+    at, token = _middle_value_byte(path)
+    _flip(path, at)
+    source = TokenSource.from_store(TokenStore.open(four))
+    bad = _doc_holding(store, 2, token)
+    files, starts, lengths = source.locate(np.array([3, bad]))  # its offsets are intact: located
+    out = np.zeros(int(lengths.sum()), dtype=np.int64)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        source.gather(out, files, starts, starts + lengths, np.array([0, int(lengths[0])]))
+
+
 def test_a_file_whose_blocks_are_all_verified_gives_its_documents_bounds_without_a_document_crc(four, monkeypatch):
     store = TokenStore.open(four)
     list(store)  # every block of every file verified

@@ -1844,6 +1844,7 @@ class TokenStore:
             self._doc_offsets = None
             self._lengths = None
             self._table = None
+            self._document_table = None
 
     def __reduce__(self) -> tuple[Any, tuple[str, str]]:
         # Processes (e.g. DataLoader workers under spawn) get the path and fingerprint,

@@ -439,6 +439,19 @@ def test_a_fully_verified_store_checks_a_batch_without_a_crc_and_still_refuses_i
         store.check_blocks_batch(np.array([0, 3]), np.array([0, 5]), np.array([100, 50]))
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings from /proc (Linux)")
+def test_close_unmaps_every_file_the_store_mapped_its_checksum_tables_included(four):
+    def mapped() -> set[str]:
+        with open("/proc/self/maps") as maps:
+            return {Path(line.split()[-1]).name for line in maps if str(four) in line}
+
+    store = TokenStore.open(four)
+    _ = store.document_bounds_batch(np.array([0, 2]), np.array([3, 7]))
+    assert mapped() == {"blocks.crc32", "documents.crc32", "tokens-00000.arrow", "tokens-00002.arrow"}
+    store.close()
+    assert mapped() == set()
+
+
 def test_after_close_metadata_stays_readable_old_views_stay_valid_and_a_pickle_reopens(four_files):
     store = TokenStore.open(four_files)
     first = store[0]

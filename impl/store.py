@@ -1011,6 +1011,11 @@ class TokenStore:
         read of a file checks a few small blocks, not the file's whole
         offsets region. A bound outside the file's tokens is refused as
         corrupt (an edited ``meta.json`` layout cannot yield wrong tokens).
+        Format 4 also checks each returned document's tokens before
+        returning (:attr:`document_checks`): documents spread over more than
+        twice their count of ids (a shuffle) each by its own CRC-32, which
+        covers its offsets entries too; documents closer together (file
+        order) by the blocks of their offsets and of their tokens, read ahead.
 
         >>> store.document_bounds(0, np.array([3, 0]))      # doctest: +SKIP
         (array([9, 0]), array([4, 3]))
@@ -1033,8 +1038,8 @@ class TokenStore:
             at0, block = blocks.offsets_at, blocks.block
             first_doc, last_doc = int(local.min()), int(local.max())
             lo, hi = (at0 + first_doc * _OFFSET_BYTES) // block, (at0 + (last_doc + 2) * _OFFSET_BYTES - 1) // block
-            dense = hi - lo <= local.size   # documents close together (file order): their blocks, in spans
-            by_document = check_tokens and not dense
+            dense = hi - lo <= local.size   # offsets entries close together: their blocks, in spans
+            by_document = check_tokens and last_doc - first_doc + 1 > 2 * local.size  # not file order
         if blocks is not None and check_offsets and not by_document:
             if dense:
                 self._verify_span(rec, blocks, lo, hi)

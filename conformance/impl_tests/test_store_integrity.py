@@ -1041,8 +1041,9 @@ def _bounds_of(store: TokenStore, docs: np.ndarray) -> tuple[np.ndarray, np.ndar
     return store.document_bounds_batch(files, docs - starts[files])
 
 
-@pytest.mark.parametrize(("store_dir", "count"), [("four", 6), ("many_short", 72)],
-                         ids=["a few across files (one by one)", "many scattered in one file (numpy)"])
+@pytest.mark.parametrize(("store_dir", "count"), [("four", 6), ("many_short", 72), ("many_short", 120)],
+                         ids=["a few across files (one by one)", "many scattered in one file (numpy)",
+                              "more scattered than the file has offsets blocks (94)"])
 def test_a_random_first_read_crcs_exactly_its_documents_bytes_once_per_store_object_and_again_when_reopened(
         request, monkeypatch, store_dir, count):
     path = request.getfixturevalue(store_dir)

@@ -1026,8 +1026,15 @@ class TokenStore:
             raise IndexError(f"file {file} out of range for a store of {len(self._records)} files")
         rec = self._records[f]
         local = np.asarray(docs, dtype=np.int64).reshape(-1)
-        if local.size and (int(local.min()) < 0 or int(local.max()) >= rec.num_documents):
-            raise IndexError(f"document out of range for file {f} of {rec.num_documents} documents")
+        first_doc = last_doc = 0
+        if local.size:
+            if local.size <= _SMALL:  # Python's min/max beat numpy's call overhead on a batch's few documents
+                listed = local.tolist()
+                first_doc, last_doc = min(listed), max(listed)
+            else:
+                first_doc, last_doc = int(local.min()), int(local.max())
+            if first_doc < 0 or last_doc >= rec.num_documents:
+                raise IndexError(f"document out of range for file {f} of {rec.num_documents} documents")
         offsets = self._map(f)[1]
         blocks = self._blocks[f]
         check_offsets = check_tokens = by_document = False
@@ -1036,7 +1043,6 @@ class TokenStore:
             check_tokens = blocks.documents is not None and not blocks.complete
         if blocks is not None and (check_offsets or check_tokens):
             at0, block = blocks.offsets_at, blocks.block
-            first_doc, last_doc = int(local.min()), int(local.max())
             lo, hi = (at0 + first_doc * _OFFSET_BYTES) // block, (at0 + (last_doc + 2) * _OFFSET_BYTES - 1) // block
             dense = hi - lo <= local.size   # offsets entries close together: their blocks, in spans
             by_document = check_tokens and last_doc - first_doc + 1 > 2 * local.size  # not file order
@@ -1137,9 +1143,13 @@ class TokenStore:
         The one loop every check ends in: a block costs a ``find``, a slice,
         a CRC and an int compare (its recorded CRC read from the table as a
         Python int). Under the file's lock, so concurrent readers CRC each
-        block once.
+        block once; a span already verified returns without taking it (a
+        block is marked only after its CRC passed, so an unlocked ``find``
+        that sees no unverified block is final).
         """
         verified = blocks.verified
+        if verified.find(0, lo, hi + 1) < 0:
+            return
         with blocks.lock:
             b = verified.find(0, lo, hi + 1)
             if b < 0:

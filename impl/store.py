@@ -1132,7 +1132,10 @@ class TokenStore:
                 crc = crc32(blocks.data[at:at + (b - a) * blocks.itemsize])  # type: ignore[union-attr]
                 if crc != blocks.documents.item(d):  # type: ignore[union-attr]
                     raise self._changed_document(f, blocks, d, a, b, crc)  # type: ignore[arg-type]
-                self._document_passed(blocks, d)  # type: ignore[arg-type]
+                blocks.documents_verified[d] = 1  # type: ignore[union-attr]
+                blocks.documents_left -= 1  # type: ignore[union-attr]
+                if blocks.documents_left <= 0:  # type: ignore[union-attr]
+                    self._documents_done(blocks)  # type: ignore[arg-type]
             out_start.append(a)
             out_length.append(b - a)
         return np.array(out_start, dtype=np.int64), np.array(out_length, dtype=np.int64)
@@ -1216,13 +1219,14 @@ class TokenStore:
             crc = crc32(blocks.data[at:at + (b - a) * blocks.itemsize])
             if crc != blocks.documents.item(d):
                 raise self._changed_document(f, blocks, d, a, b, crc)
-            self._document_passed(blocks, d)
+            blocks.documents_verified[d] = 1
+            blocks.documents_left -= 1
+            if blocks.documents_left <= 0:
+                self._documents_done(blocks)
 
-    def _document_passed(self, blocks: _Blocks, d: int) -> None:
-        """Mark document ``d`` verified; once every document of the file is (a scan confirms the unlocked count), the file."""
-        blocks.documents_verified[d] = 1
-        blocks.documents_left -= 1
-        if blocks.documents_left <= 0 and blocks.documents_verified.find(0) < 0:
+    def _documents_done(self, blocks: _Blocks) -> None:
+        """Every document of the file passed (a scan confirms the unlocked count): the file counts as verified whole."""
+        if blocks.documents_verified.find(0) < 0:
             blocks.complete = True
             self._all_verified = all(other is not None and other.complete for other in self._blocks)
 

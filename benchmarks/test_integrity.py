@@ -299,3 +299,21 @@ def test_integrity_over_a_long_first_read(benchmark, corpus, smoke: bool, shuffl
     assert out["first_s"] > 0 and out["unchecked_s"] > 0
     benchmark.extra_info.update(kind="integrity-long", shuffle=shuffle, size=corpus.size, batches=batches, runs=runs,
                                 first_s=out["first_s"], unchecked_s=out["unchecked_s"], check_overhead=out["overhead"])
+
+
+def test_integrity_floor_per_document(benchmark, corpus, smoke: bool):
+    """``benchmarks/first_epoch.py --floor``: one CRC call per cold random document, against one joined copy of them.
+
+    What any per-document check made from Python pays before its
+    bookkeeping (``extra_info["crc_us"]``, microseconds a document), and what
+    reading the same documents costs when one C loop overlaps their cache
+    misses (``copy_us``), as a check fused with the fill's copy would.
+    """
+    from benchmarks.first_epoch import floor
+
+    benchmark.group = "integrity-floor"
+    batches, runs = (4, 1) if smoke else (512, 3)
+    out: dict = {}
+    benchmark.pedantic(lambda: out.update(floor(corpus.size, batches, runs)), rounds=1, warmup_rounds=0)
+    assert out["crc_us"] > 0 and out["copy_us"] > 0
+    benchmark.extra_info.update(kind="integrity-floor", size=corpus.size, batches=batches, runs=runs, **out)

@@ -1,4 +1,6 @@
-"""``distinct``: ``np.unique`` for the hot paths, without its first-call import of ``numpy.ma``.
+"""Array helpers of the hot paths: ``distinct`` (``np.unique`` without its import) and ``demand_zero`` memory.
+
+``distinct``: ``np.unique`` for the hot paths, without its first-call import of ``numpy.ma``.
 
 Why: ``np.unique`` imports ``numpy.ma`` the first time it runs in a process
 (10-20 ms here), so a freshly spawned rank paid it inside its first batch:
@@ -14,9 +16,11 @@ distinct values.
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
-__all__ = ["distinct", "distinct_ints"]
+__all__ = ["demand_zero", "distinct", "distinct_ints"]
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -42,3 +46,23 @@ def distinct_ints(values: np.ndarray) -> list[int]:
     if not (values != first).any():
         return [first]
     return [int(v) for v in distinct(values)]
+
+
+def demand_zero(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of zeros whose 4 KiB pages the kernel zeroes as they are first touched (an anonymous mapping).
+
+    Why not ``np.zeros``/``bytearray``: those zero every byte up front (and
+    numpy advises allocations of 4 MB and more into 2 MiB huge pages, each
+    zeroed whole on its first write), while a fresh resume's first batch
+    touches a few dozen entries of tables sized by the whole store: here each
+    costs one page. At least one byte is mapped (an empty mapping is refused).
+
+    >>> buf = demand_zero(3)
+    >>> buf[1] = 7
+    >>> bytes(buf[:3])
+    b'\\x00\\x07\\x00'
+    """
+    buf = mmap.mmap(-1, max(1, nbytes))
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return buf

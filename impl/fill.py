@@ -37,14 +37,13 @@ Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Callable, Sequence
 from itertools import chain, pairwise
 from typing import Any, cast
 
 import numpy as np
 
-from impl._arrays import distinct_ints
+from impl._arrays import demand_zero, distinct_ints
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, require
 from impl.packing import PackPlan, _exclusive_cumsum, _ranges
@@ -354,10 +353,7 @@ def _demand_zero_rows(n: int) -> np.ndarray:
     """
     if n == 0:
         return np.zeros((0, 2), dtype=_I64)
-    buf = mmap.mmap(-1, n * 16)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, dtype=_I64).reshape(n, 2)
+    return np.frombuffer(demand_zero(n * 16), dtype=_I64).reshape(n, 2)
 
 
 # ------------------------------------------------------------------ the fill

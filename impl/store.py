@@ -135,7 +135,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from impl._arrays import distinct, distinct_ints
+from impl._arrays import demand_zero, distinct, distinct_ints
 from impl._crc import crc32
 from impl.encoding import TokenizerInfo
 from impl.errors import (
@@ -578,8 +578,10 @@ class _Blocks:
     blocks of the sequential run that read ended (``TokenStore._first_read``).
     ``documents`` is the file's slice of the document table (format 4, else
     None), ``documents_verified`` one byte per document whose CRC passed
-    (``TokenStore._verify_documents``) and ``documents_left`` about how many
-    have not (a hint: ``complete`` is set only after a scan confirms it).
+    (``TokenStore._verify_documents``; the file's slice of the store's
+    demand-zero map, so a fresh resume touches a page per document it
+    checks, not 64 KiB per file) and ``documents_left`` about how many have
+    not (a hint: ``complete`` is set only after a scan confirms it).
     """
 
     __slots__ = ("base", "block", "complete", "count", "data", "documents", "documents_left", "documents_verified",
@@ -589,7 +591,7 @@ class _Blocks:
 
     def __init__(self, data: memoryview, base: int, itemsize: int, block: int, crc_hex: str, offsets_at: int,
                  recorded: np.ndarray | None = None, offsets_bytes: int = 0,
-                 documents: np.ndarray | None = None) -> None:
+                 documents: np.ndarray | None = None, documents_verified: memoryview | None = None) -> None:
         self.data = data
         self.size = len(data)
         self.base = base
@@ -611,7 +613,7 @@ class _Blocks:
         self.read_ahead = max(1, _READ_AHEAD_BYTES // block)
         self.lock = threading.Lock()
         self.documents = documents
-        self.documents_verified = bytearray(0 if documents is None else len(documents))
+        self.documents_verified = memoryview(bytearray()) if documents_verified is None else documents_verified
         self.documents_left = len(self.documents_verified)
 
     def reset(self) -> None:
@@ -722,6 +724,8 @@ class TokenStore:
                                    f"blocks of {self._block_bytes} bytes")
         #: Format 4: every document's recorded CRC-32 (big-endian uint32), mapped on first use.
         self._document_table: np.ndarray | None = None
+        #: Format 4: one byte per document of the store, 1 once its CRC passed (a demand-zero map, made on first use).
+        self._documents_verified: mmap.mmap | None = None
         if self._version >= 4:
             self._check_table_size(meta["layout"]["document_table"], DOCUMENT_TABLE, int(meta["num_documents"]),
                                    "documents")
@@ -839,15 +843,19 @@ class TokenStore:
 
     def _new_blocks(self, rec: FileRecord, data: memoryview, values_at: int, offsets_at: int) -> _Blocks:
         """File ``rec``'s block checks; its offsets hold ``documents + 1`` entries (none when recorded at 0: empty)."""
-        recorded = documents = None
+        recorded = documents = verified = None
         if self._version >= 3:
             f = self._file_index[rec.name]
             recorded = self._block_table()[self._table_at[f]:self._table_at[f + 1]]
             if self._version >= 4:
-                documents = self._documents_table()[self._file_doc_starts[f]:self._file_doc_starts[f + 1]]
+                a, b = self._file_doc_starts[f], self._file_doc_starts[f + 1]
+                documents = self._documents_table()[a:b]
+                if self._documents_verified is None:
+                    self._documents_verified = demand_zero(self._n)
+                verified = memoryview(self._documents_verified)[a:b]
         return _Blocks(data, values_at, self._dtype.itemsize, self._block_bytes, rec.block_crc32 or "", offsets_at,
                        recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * _OFFSET_BYTES,
-                       documents)
+                       documents, verified)
 
     def _table_where(self, name: str = BLOCK_TABLE) -> str:
         return f"token store {self._path}: {name}"
@@ -1226,7 +1234,7 @@ class TokenStore:
 
     def _documents_done(self, blocks: _Blocks) -> None:
         """Every document of the file passed (a scan confirms the unlocked count): the file counts as verified whole."""
-        if blocks.documents_verified.find(0) < 0:
+        if blocks.documents_verified.tobytes().find(0) < 0:
             blocks.complete = True
             self._all_verified = all(other is not None and other.complete for other in self._blocks)
 
@@ -1864,6 +1872,7 @@ class TokenStore:
             self._lengths = None
             self._table = None
             self._document_table = None
+            self._documents_verified = None
 
     def __reduce__(self) -> tuple[Any, tuple[str, str]]:
         # Processes (e.g. DataLoader workers under spawn) get the path and fingerprint,

@@ -18,6 +18,8 @@ Run::
 
 (20,000 batches are about half an epoch at L). It prints, per shuffle, the
 median seconds of both arms and the median overhead over the runs.
+``--store PATH`` measures another store of the same corpus, e.g. the format-3
+one an older checkout built (``~/.cache/loadspec-bench/v1/L/store-v3-b16k-buffers/store``).
 
 ``--floor`` measures instead what any per-document check must pay in this
 process: on a new store object (cold mapping), the microseconds per document
@@ -31,6 +33,7 @@ them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from typing import Any
@@ -41,45 +44,60 @@ from benchmarks.corpora import Corpus, size_from_env
 from benchmarks.workloads import SEQ_LEN, TPUT_BATCH
 
 
-def _store(corpus: Corpus, checked: bool) -> Any:
+def _store(path: str, checked: bool) -> Any:
     """A new store object: every check to do (``checked``), or none (no block or document table consulted)."""
     from impl.store import TokenStore
 
     if checked:
-        return TokenStore.open(corpus.store())
+        return TokenStore.open(path)
     with mock.patch.object(TokenStore, "_new_blocks", lambda self, *args: None):
-        store = TokenStore.open(corpus.store())
+        store = TokenStore.open(path)
         for f in range(store.num_files):
             store._map(f)
     return store
 
 
-def _iterate(corpus: Corpus, shuffle: str, batches: int, checked: bool) -> float:
-    """Seconds for ``batches`` batches after the first (untimed), from sample 0 of epoch 0."""
+def _iterate(path: str, shuffle: str, batches: int, checked: bool) -> float:
+    """Seconds for ``batches`` batches after the first (untimed), from sample 0 of epoch 0.
+
+    Unchecked, the fill is also told the store's bounds check its documents
+    (``document_checks``), so it makes no check call of any format: a
+    format-3 store's fill would otherwise call ``check_blocks_batch`` for
+    every run, with nothing to check.
+    """
     from impl.dataset import PackedDataset
+    from impl.store import TokenStore
 
-    store = _store(corpus, checked)
-    dataset = PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle=shuffle, seed=0)
-    loader = harness.impl_loader(dataset, batch_size=TPUT_BATCH)
-    loader.load_state_dict(harness.impl_state(loader, 0))
-    it = iter(loader)
-    next(it)
-    start = time.perf_counter()
-    for _ in range(batches):
+    store = _store(path, checked)
+    with contextlib.ExitStack() as stack:
+        if not checked:
+            stack.enter_context(mock.patch.object(TokenStore, "document_checks", True))
+        dataset = PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle=shuffle, seed=0)
+        loader = harness.impl_loader(dataset, batch_size=TPUT_BATCH)
+        loader.load_state_dict(harness.impl_state(loader, 0))
+        it = iter(loader)
         next(it)
-    return time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(batches):
+            next(it)
+        return time.perf_counter() - start
 
 
-def measure(size: str, shuffle: str, batches: int, runs: int) -> dict[str, float]:
-    """Medians over ``runs`` of both arms (seconds) and of the overhead first / unchecked - 1."""
+def measure(size: str, shuffle: str, batches: int, runs: int, store: str | None = None) -> dict[str, float]:
+    """Medians over ``runs`` of both arms (seconds) and of the overhead first / unchecked - 1.
+
+    ``store``: another store of the same corpus (e.g. one of an older
+    format) instead of the corpus's current-format store.
+    """
     corpus = Corpus(size)
+    path = store or str(corpus.store())
     usable = harness.impl_dataset(corpus, shuffle=shuffle).num_samples(0) // TPUT_BATCH - 1
     if batches > usable:
         raise SystemExit(f"--batches {batches}: the {size} corpus has {usable} batches of {TPUT_BATCH} after the first")
     first, unchecked = [], []
     for _ in range(runs):
-        first.append(_iterate(corpus, shuffle, batches, checked=True))
-        unchecked.append(_iterate(corpus, shuffle, batches, checked=False))
+        first.append(_iterate(path, shuffle, batches, checked=True))
+        unchecked.append(_iterate(path, shuffle, batches, checked=False))
     return {"first_s": statistics.median(first), "unchecked_s": statistics.median(unchecked),
             "overhead": statistics.median(a / b - 1 for a, b in zip(first, unchecked))}
 
@@ -124,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs of both arms, alternating")
     ap.add_argument("--shuffle", default="global,none", help="comma-separated: global, none")
     ap.add_argument("--floor", action="store_true", help="the per-document floor instead (see the module docstring)")
+    ap.add_argument("--store", default=None, help="another store of the corpus (e.g. an older format's) to measure")
     args = ap.parse_args(argv)
     size = (args.size or size_from_env()).upper()
     if args.floor:
@@ -133,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
               f"(medians of {args.runs} runs)")
         return
     for shuffle in args.shuffle.split(","):
-        row = measure(size, shuffle, args.batches, args.runs)
-        print(f"{size} shuffle={shuffle}, {args.batches} batches of {TPUT_BATCH} x {SEQ_LEN}: first read "
-              f"{row['first_s']:.2f} s, unchecked {row['unchecked_s']:.2f} s, checks {row['overhead']:+.1%} "
+        row = measure(size, shuffle, args.batches, args.runs, args.store)
+        print(f"{size}{' ' + args.store if args.store else ''} shuffle={shuffle}, {args.batches} batches of {TPUT_BATCH} x {SEQ_LEN}: first read "
+              f"{row['first_s']:.3f} s, unchecked {row['unchecked_s']:.3f} s, checks {row['overhead']:+.1%} "
               f"(medians of {args.runs} runs)")
 
 

@@ -55,14 +55,16 @@ def demand_zero(nbytes: int) -> mmap.mmap:
     numpy advises allocations of 4 MB and more into 2 MiB huge pages, each
     zeroed whole on its first write), while a fresh resume's first batch
     touches a few dozen entries of tables sized by the whole store: here each
-    costs one page. At least one byte is mapped (an empty mapping is refused).
+    costs one page. Private: a forked process (a DataLoader worker) writes
+    its own copy, as it would of a numpy array. At least one byte is mapped
+    (an empty mapping is refused).
 
     >>> buf = demand_zero(3)
     >>> buf[1] = 7
     >>> bytes(buf[:3])
     b'\\x00\\x07\\x00'
     """
-    buf = mmap.mmap(-1, max(1, nbytes))
+    buf = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return buf

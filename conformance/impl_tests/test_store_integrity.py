@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import json
 import multiprocessing
+import os
 import pickle
 import re
 import shutil
@@ -1069,6 +1070,27 @@ def test_a_random_first_read_crcs_exactly_its_documents_bytes_once_per_store_obj
     assert crcd(store, first) == []
     for other in (TokenStore.open(path), pickle.loads(pickle.dumps(store))):
         assert crcd(other, first) == bytes_of(first), "a reopened or unpickled store checks again"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_document_checked_in_a_forked_worker_is_checked_again_by_the_parent(four, monkeypatch):
+    """The verified bytes are private memory: a DataLoader worker forked from the training process checks its own."""
+    store = TokenStore.open(four)
+    store._map(0)  # mapped before the fork, as a DataLoader's forked workers inherit it
+    counting = _CountingCrc()
+    monkeypatch.setattr(store_module, "crc32", counting)
+    pid = os.fork()
+    if pid == 0:  # the worker: checks document 3 of file 0 and reports whether it counts as verified there
+        try:
+            store.document_bounds_batch(np.array([0]), np.array([3]))
+            os._exit(0 if counting.calls == 1 and store._blocks[0].documents_verified[3] else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked worker did not check the document"
+    assert store._blocks[0].documents_verified[3] == 0 and counting.calls == 0
+    store.document_bounds_batch(np.array([0]), np.array([3]))
+    assert counting.calls == 1, "the parent trusted a check made in another process"
 
 
 def test_a_shuffled_batch_crcs_exactly_the_bytes_of_the_documents_it_serves(many_short, tmp_path, monkeypatch):

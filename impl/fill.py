@@ -133,7 +133,7 @@ class TokenSource:
     def from_store(cls, store: Any) -> TokenSource:
         """The store's files, each mapped by the store when a batch first touches it, offsets checked per document.
 
-        A store without ``document_bounds_batch`` (e.g. a split view) hands
+        A store without ``document_bounds_batch`` (a store-like object of the user's) hands
         out files whose offsets ``_part`` checked whole. A store whose
         bounds check every document they return (``document_checks``,
         format 4) needs no run checks: :meth:`gather` copies only runs of

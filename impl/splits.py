@@ -114,6 +114,8 @@ class SplitStore:
         self.file_document_starts = np.concatenate([[0], np.cumsum(self.file_document_counts)]).astype(int).tolist()
         base_starts = starts[self._files]
         self._doc_slices = [(int(lo), int(hi)) for lo, hi in zip(first[keep] - base_starts, last[keep] - base_starts)]
+        self._first_local = (first[keep] - base_starts).astype(np.int64)
+        self._file_counts = (last - first)[keep].astype(np.int64)
 
     # ------------------------------------------------------------ identity
 
@@ -175,6 +177,38 @@ class SplitStore:
     def check_blocks(self, file: int, starts: np.ndarray, stops: np.ndarray) -> None:
         """The base store's block check for split file ``file`` (same file-local token ranges)."""
         self.base.check_blocks(int(self._files[file]), starts, stops)
+
+    def _map(self, f: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_part` without its checks: a fill reads its bounds from :meth:`document_bounds_batch` instead."""
+        values, offsets = self.base._map(int(self._files[f]))
+        lo, hi = self._doc_slices[f]
+        return values, offsets[lo:hi + 1]
+
+    def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(start, length)`` of document ``docs[i]`` of split file ``files[i]``, in the base file's token positions.
+
+        The base store's :meth:`TokenStore.document_bounds_batch` of the same
+        documents, so a split reads and checks exactly as its store does
+        (format 4: each document by its own CRC on its first read).
+
+        >>> split.document_bounds_batch(np.array([0]), np.array([2]))      # doctest: +SKIP
+        (array([17]), array([5]))
+        """
+        fl = np.asarray(files, dtype=np.int64).reshape(-1)
+        dl = np.asarray(docs, dtype=np.int64).reshape(-1)
+        if fl.shape != dl.shape:
+            raise ValueError(f"files and docs differ in length ({fl.size} and {dl.size})")
+        if fl.size:
+            if int(fl.min()) < 0 or int(fl.max()) >= len(self._files):
+                raise IndexError(f"file out of range for a split of {len(self._files)} files")
+            if int(dl.min()) < 0 or bool((dl >= self._file_counts[fl]).any()):
+                raise IndexError("document out of range for its file of the split")
+        return self.base.document_bounds_batch(self._files[fl], dl + self._first_local[fl])  # type: ignore[no-any-return]
+
+    @property
+    def document_checks(self) -> bool:
+        """Whether the base store's bounds check every document they return (format 4; see ``TokenStore``)."""
+        return bool(getattr(self.base, "document_checks", False))
 
 
     @property

@@ -941,19 +941,24 @@ def test_a_located_batch_crcs_only_its_documents_bytes_and_refuses_a_changed_off
         fresh.locate(np.array([d]))
 
 
-@pytest.mark.parametrize("change", ["token byte", "offsets entry"])
+@pytest.mark.parametrize(("change", "split"), [("token byte", None), ("offsets entry", None),
+                                               ("token byte", "train[10%:95%]")],
+                         ids=["token byte", "offsets entry", "token byte, a split of the store"])
 def test_a_loader_under_a_global_shuffle_refuses_a_changed_document_before_serving_any_of_its_tokens_naming_it(
-        four, tmp_path, change):
+        four, tmp_path, change, split):
     """Format 4: the fill copies only documents whose CRC passed; a changed one is named with documents.crc32.
 
     The plan is computed (and cached) before the change: computing it reads
-    every length, whose offsets are checked by block.
+    every length, whose offsets are checked by block. A split reads through
+    its store's bounds, so it checks tokens the same way (it reads its
+    store's whole offsets when it is made, checked by block, so a changed
+    entry is refused there).
     """
     from impl.dataset import PackedDataset
 
     def dataset() -> PackedDataset:
         return PackedDataset(TokenStore.open(four), seq_len=64, packing="concat", shuffle="global", seed=3,
-                             cache_dir=tmp_path)
+                             cache_dir=tmp_path, split=split)
 
     dataset().plan(0)
     clean = TokenStore.open(four)
@@ -969,9 +974,12 @@ def test_a_loader_under_a_global_shuffle_refuses_a_changed_document_before_servi
     name = clean.file_records[f].name
     ds = dataset()
     assert ds.store.document_checks
+    base_row = ds.store.rows.start if split else 0
+    assert all(base_row <= d < base_row + ds.store.num_documents for d in changed)
     with pytest.raises(StoreCorruptError) as refused:
         for first in range(0, len(ds), 8):
-            served = set(ds.samples(0, range(first, min(first + 8, len(ds))))["doc_ids"].ravel().tolist())
+            rows = ds.samples(0, range(first, min(first + 8, len(ds))))["doc_ids"].ravel()
+            served = {d + base_row for d in rows.tolist() if d >= 0}
             assert not served & changed, f"a token of the changed document(s) {changed & served} was served"
     assert any(re.search(_document_pattern(name, d - starts[f], d), str(refused.value)) for d in changed), \
         str(refused.value)

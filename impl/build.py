@@ -49,11 +49,10 @@ from impl.errors import (
 )
 from impl.sources import Source, rechunk, resolve_source
 from impl.store import (
+    _CRC_TABLES,
     BLOCK_BYTES,
-    BLOCK_TABLE,
     COLUMN,
     DEFAULT_DOCS_PER_FILE,
-    DOCUMENT_TABLE,
     FILE_TEMPLATE,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -450,11 +449,10 @@ def _with_block_table(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
     without slowing ``open``. Written before ``meta.json``, which records its
     size and sha256.
     """
-    for field, name, key in (("block_crc32", BLOCK_TABLE, "block_table"),
-                             ("document_crc32", DOCUMENT_TABLE, "document_table")):
-        table = b"".join(bytes.fromhex(record.pop(field)) for record in meta["files"])
-        atomic_write_bytes(tmp / name, table)
-        meta["layout"][key] = {"name": name, "size": len(table), "sha256": hashlib.sha256(table).hexdigest()}
+    for spec in _CRC_TABLES:
+        table = b"".join(bytes.fromhex(record.pop(spec.field)) for record in meta["files"])
+        atomic_write_bytes(tmp / spec.name, table)
+        meta["layout"][spec.key] = {"name": spec.name, "size": len(table), "sha256": hashlib.sha256(table).hexdigest()}
     meta["layout"]["document_checksum"] = "crc32"
     return meta
 

@@ -189,6 +189,26 @@ BLOCK_BYTES = 16 * 1024
 BLOCK_TABLE = "blocks.crc32"
 #: Format 4: the file holding every document's CRC-32 (of its token bytes), big-endian uint32, in store order.
 DOCUMENT_TABLE = "documents.crc32"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _CrcTable:
+    """One binary table of CRC-32s: the first format with it, its ``layout`` key, file, entry and record field.
+
+    ``field`` is the hex string a file's writer returns in its record
+    (``impl.build`` moves it into the table before ``meta.json`` is written).
+    """
+
+    since: int
+    key: str
+    name: str
+    entry: str
+    field: str
+
+
+#: The store's CRC tables, in the order they are checked (open, ``verify``) and written (build).
+_CRC_TABLES = (_CrcTable(since=3, key="block_table", name=BLOCK_TABLE, entry="block", field="block_crc32"),
+              _CrcTable(since=4, key="document_table", name=DOCUMENT_TABLE, entry="document", field="document_crc32"))
 _UINT16_LIMIT = 1 << 16
 _READ_CHUNK = 1 << 20
 _OFFSET_BYTES = 8
@@ -516,17 +536,12 @@ def _validate_meta(root: Path, meta: Any) -> None:
         block = layout.get("block_bytes")
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             problems.append(f"layout.block_bytes {block!r}")
-    if version >= 3:
-        table = layout.get("block_table")
-        if not (isinstance(table, dict) and table.get("name") == BLOCK_TABLE and isinstance(table.get("sha256"), str)
+    for spec in _CRC_TABLES:
+        table = layout.get(spec.key)
+        if version >= spec.since and not (
+                isinstance(table, dict) and table.get("name") == spec.name and isinstance(table.get("sha256"), str)
                 and isinstance(table.get("size"), int) and not isinstance(table.get("size"), bool)):
-            problems.append(f"layout.block_table {table!r}")
-    if version >= 4:
-        table = layout.get("document_table")
-        if not (isinstance(table, dict) and table.get("name") == DOCUMENT_TABLE
-                and isinstance(table.get("sha256"), str) and isinstance(table.get("size"), int)
-                and not isinstance(table.get("size"), bool)):
-            problems.append(f"layout.document_table {table!r}")
+            problems.append(f"layout.{spec.key} {table!r}")
     if problems:
         raise StoreCorruptError(f"{root / META_FILE}: invalid {', '.join(problems)}; {REBUILD_HINT}")
 
@@ -717,18 +732,15 @@ class TokenStore:
                 self._check_record_blocks(rec)
         #: Format 3: file f's CRCs are entries ``_table_at[f]:_table_at[f + 1]`` of the block table (mapped on first use).
         self._table_at: list[int] = []
-        self._table: np.ndarray | None = None
+        #: The CRC tables (``_CRC_TABLES``) by file name, each mapped on first use (:meth:`_crc_table`).
+        self._tables: dict[str, np.ndarray] = {}
         if self._version >= 3:
             self._table_at = [0, *itertools.accumulate(-(-r.size // self._block_bytes) for r in self._records)]
-            self._check_table_size(meta["layout"]["block_table"], BLOCK_TABLE, self._table_at[-1],
-                                   f"blocks of {self._block_bytes} bytes")
-        #: Format 4: every document's recorded CRC-32 (big-endian uint32), mapped on first use.
-        self._document_table: np.ndarray | None = None
+            self._check_table_size(_CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
         #: Format 4: one byte per document of the store, 1 once its CRC passed (a demand-zero map, made on first use).
         self._documents_verified: mmap.mmap | None = None
         if self._version >= 4:
-            self._check_table_size(meta["layout"]["document_table"], DOCUMENT_TABLE, int(meta["num_documents"]),
-                                   "documents")
+            self._check_table_size(_CRC_TABLES[1], int(meta["num_documents"]), "documents")
         self._map_lock = threading.Lock()
         self._closed = False
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
@@ -846,10 +858,10 @@ class TokenStore:
         recorded = documents = verified = None
         if self._version >= 3:
             f = self._file_index[rec.name]
-            recorded = self._block_table()[self._table_at[f]:self._table_at[f + 1]]
+            recorded = self._crc_table(BLOCK_TABLE, self._table_at[-1])[self._table_at[f]:self._table_at[f + 1]]
             if self._version >= 4:
                 a, b = self._file_doc_starts[f], self._file_doc_starts[f + 1]
-                documents = self._documents_table()[a:b]
+                documents = self._crc_table(DOCUMENT_TABLE, self._n)[a:b]
                 if self._documents_verified is None:
                     self._documents_verified = demand_zero(self._n)
                 verified = memoryview(self._documents_verified)[a:b]
@@ -857,16 +869,16 @@ class TokenStore:
                        recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * _OFFSET_BYTES,
                        documents, verified)
 
-    def _table_where(self, name: str = BLOCK_TABLE) -> str:
+    def _table_where(self, name: str) -> str:
         return f"token store {self._path}: {name}"
 
-    def _check_table_size(self, table: Mapping[str, Any], name: str, entries: int, what: str) -> None:
-        """At open (format 3, 4): table ``name`` exists and holds one 4-byte CRC per entry (block or document)."""
-        expected = 4 * entries
-        if table["size"] != expected:
-            key = "block_table" if name == BLOCK_TABLE else "document_table"
+    def _check_table_size(self, spec: _CrcTable, entries: int, what: str) -> None:
+        """At open (format 3, 4): table ``spec`` exists and holds one 4-byte CRC per entry (``entries`` ``what``)."""
+        expected, name = 4 * entries, spec.name
+        recorded = self._meta["layout"][spec.key]["size"]
+        if recorded != expected:
             raise StoreCorruptError(
-                f"{self._path / META_FILE}: layout.{key} records {table['size']} bytes, but the store's "
+                f"{self._path / META_FILE}: layout.{spec.key} records {recorded} bytes, but the store's "
                 f"{entries} {what} need {expected}; {REBUILD_HINT}"
             )
         try:
@@ -879,20 +891,13 @@ class TokenStore:
                 f"({size} bytes, {expected} when built); {REBUILD_HINT}"
             )
 
-    def _block_table(self) -> np.ndarray:
-        """Format 3: every block's recorded CRC-32 (big-endian uint32), one read-only mapping of :data:`BLOCK_TABLE`."""
-        if self._table is None:
-            expected = 4 * self._table_at[-1]
-            mm = _map_read_only(f"{self._root}/{BLOCK_TABLE}", self._table_where(), expected)
-            self._table = np.frombuffer(mm, dtype=">u4")
-        return self._table
-
-    def _documents_table(self) -> np.ndarray:
-        """Format 4: every document's recorded CRC-32 (big-endian uint32), one read-only mapping of :data:`DOCUMENT_TABLE`."""
-        if self._document_table is None:
-            mm = _map_read_only(f"{self._root}/{DOCUMENT_TABLE}", self._table_where(DOCUMENT_TABLE), 4 * self._n)
-            self._document_table = np.frombuffer(mm, dtype=">u4")
-        return self._document_table
+    def _crc_table(self, name: str, entries: int) -> np.ndarray:
+        """CRC table ``name``'s ``entries`` recorded CRC-32s (big-endian uint32), one read-only mapping made on first use."""
+        table = self._tables.get(name)
+        if table is None:
+            mm = _map_read_only(f"{self._root}/{name}", self._table_where(name), 4 * entries)
+            table = self._tables[name] = np.frombuffer(mm, dtype=">u4")
+        return table
 
     def _recorded_crc(self, rec: FileRecord, blocks: _Blocks, b: int) -> int:
         """Block ``b``'s CRC-32 as recorded: from the block table (format 3), else its 8 hex digits parsed now."""
@@ -1789,16 +1794,15 @@ class TokenStore:
                 f"the one recomputed from its file records and options ({expected[:16]}...): {META_FILE} was "
                 f"edited; {REBUILD_HINT}"
             )
-        for version, key, name, what in ((3, "block_table", BLOCK_TABLE, "block"),
-                                         (4, "document_table", DOCUMENT_TABLE, "document")):
-            if self._version < version:
+        for spec in _CRC_TABLES:
+            if self._version < spec.since:
                 continue
-            table = self._meta["layout"][key]
-            digest = sha256_file(self._path / name)
-            if digest != table["sha256"]:
+            recorded = self._meta["layout"][spec.key]["sha256"]
+            digest = sha256_file(self._path / spec.name)
+            if digest != recorded:
                 raise StoreCorruptError(
-                    f"{self._table_where(name)} changed since it was built (sha256 {digest[:16]}..., recorded "
-                    f"{str(table['sha256'])[:16]}...): the {what} checks cannot be trusted; {REBUILD_HINT}"
+                    f"{self._table_where(spec.name)} changed since it was built (sha256 {digest[:16]}..., recorded "
+                    f"{str(recorded)[:16]}...): the {spec.entry} checks cannot be trusted; {REBUILD_HINT}"
                 )
         self._all_verified = False
         for f, rec in enumerate(self._records):
@@ -1870,8 +1874,7 @@ class TokenStore:
             self._blocks = [None] * len(self._records)
             self._doc_offsets = None
             self._lengths = None
-            self._table = None
-            self._document_table = None
+            self._tables = {}
             self._documents_verified = None
 
     def __reduce__(self) -> tuple[Any, tuple[str, str]]:

@@ -113,9 +113,9 @@ class SplitStore:
         self.file_token_counts = np.diff(self._doc_offsets[doc_bounds]).astype(int).tolist()
         self.file_document_starts = np.concatenate([[0], np.cumsum(self.file_document_counts)]).astype(int).tolist()
         base_starts = starts[self._files]
-        self._doc_slices = [(int(lo), int(hi)) for lo, hi in zip(first[keep] - base_starts, last[keep] - base_starts)]
+        #: Split file f is documents ``_first_local[f]`` to ``_first_local[f] + _counts[f]`` of base file ``_files[f]``.
         self._first_local = (first[keep] - base_starts).astype(np.int64)
-        self._file_counts = (last - first)[keep].astype(np.int64)
+        self._counts = (last - first)[keep].astype(np.int64)
 
     # ------------------------------------------------------------ identity
 
@@ -170,9 +170,7 @@ class SplitStore:
         rebasing), so the fill's token ranges are the base file's and
         :meth:`check_blocks` hands them on unchanged.
         """
-        values, offsets = self.base._part(int(self._files[f]))
-        lo, hi = self._doc_slices[f]
-        return values, offsets[lo:hi + 1]
+        return self._clip(f, self.base._part(int(self._files[f])))
 
     def check_blocks(self, file: int, starts: np.ndarray, stops: np.ndarray) -> None:
         """The base store's block check for split file ``file`` (same file-local token ranges)."""
@@ -180,9 +178,13 @@ class SplitStore:
 
     def _map(self, f: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_part` without its checks: a fill reads its bounds from :meth:`document_bounds_batch` instead."""
-        values, offsets = self.base._map(int(self._files[f]))
-        lo, hi = self._doc_slices[f]
-        return values, offsets[lo:hi + 1]
+        return self._clip(f, self.base._map(int(self._files[f])))
+
+    def _clip(self, f: int, part: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Base file ``_files[f]``'s (values, offsets) with the offsets of split file ``f``'s documents only."""
+        values, offsets = part
+        lo = int(self._first_local[f])
+        return values, offsets[lo:lo + int(self._counts[f]) + 1]
 
     def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(start, length)`` of document ``docs[i]`` of split file ``files[i]``, in the base file's token positions.
@@ -201,7 +203,7 @@ class SplitStore:
         if fl.size:
             if int(fl.min()) < 0 or int(fl.max()) >= len(self._files):
                 raise IndexError(f"file out of range for a split of {len(self._files)} files")
-            if int(dl.min()) < 0 or bool((dl >= self._file_counts[fl]).any()):
+            if int(dl.min()) < 0 or bool((dl >= self._counts[fl]).any()):
                 raise IndexError("document out of range for its file of the split")
         return self.base.document_bounds_batch(self._files[fl], dl + self._first_local[fl])  # type: ignore[no-any-return]
 

@@ -33,54 +33,12 @@ them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
-from typing import Any
-from unittest import mock
 
 from benchmarks import harness
 from benchmarks.corpora import Corpus, size_from_env
 from benchmarks.workloads import SEQ_LEN, TPUT_BATCH
-
-
-def _store(path: str, checked: bool) -> Any:
-    """A new store object: every check to do (``checked``), or none (no block or document table consulted)."""
-    from impl.store import TokenStore
-
-    if checked:
-        return TokenStore.open(path)
-    with mock.patch.object(TokenStore, "_new_blocks", lambda self, *args: None):
-        store = TokenStore.open(path)
-        for f in range(store.num_files):
-            store._map(f)
-    return store
-
-
-def _iterate(path: str, shuffle: str, batches: int, checked: bool) -> float:
-    """Seconds for ``batches`` batches after the first (untimed), from sample 0 of epoch 0.
-
-    Unchecked, the fill is also told the store's bounds check its documents
-    (``document_checks``), so it makes no check call of any format: a
-    format-3 store's fill would otherwise call ``check_blocks_batch`` for
-    every run, with nothing to check.
-    """
-    from impl.dataset import PackedDataset
-    from impl.store import TokenStore
-
-    store = _store(path, checked)
-    with contextlib.ExitStack() as stack:
-        if not checked:
-            stack.enter_context(mock.patch.object(TokenStore, "document_checks", True))
-        dataset = PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle=shuffle, seed=0)
-        loader = harness.impl_loader(dataset, batch_size=TPUT_BATCH)
-        loader.load_state_dict(harness.impl_state(loader, 0))
-        it = iter(loader)
-        next(it)
-        start = time.perf_counter()
-        for _ in range(batches):
-            next(it)
-        return time.perf_counter() - start
 
 
 def measure(size: str, shuffle: str, batches: int, runs: int, store: str | None = None) -> dict[str, float]:
@@ -89,6 +47,8 @@ def measure(size: str, shuffle: str, batches: int, runs: int, store: str | None 
     ``store``: another store of the same corpus (e.g. one of an older
     format) instead of the corpus's current-format store.
     """
+    from impl.store import TokenStore
+
     corpus = Corpus(size)
     path = store or str(corpus.store())
     usable = harness.impl_dataset(corpus, shuffle=shuffle).num_samples(0) // TPUT_BATCH - 1
@@ -96,8 +56,9 @@ def measure(size: str, shuffle: str, batches: int, runs: int, store: str | None 
         raise SystemExit(f"--batches {batches}: the {size} corpus has {usable} batches of {TPUT_BATCH} after the first")
     first, unchecked = [], []
     for _ in range(runs):
-        first.append(_iterate(path, shuffle, batches, checked=True))
-        unchecked.append(_iterate(path, shuffle, batches, checked=False))
+        first.append(harness.time_packed_batches(TokenStore.open(path), shuffle=shuffle, batches=batches)[0])
+        unchecked.append(harness.time_packed_batches(harness.unchecked_store(path), shuffle=shuffle, batches=batches,
+                                                     check_calls=False)[0])
     return {"first_s": statistics.median(first), "unchecked_s": statistics.median(unchecked),
             "overhead": statistics.median(a / b - 1 for a, b in zip(first, unchecked))}
 

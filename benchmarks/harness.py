@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.corpora import Corpus, _locked
-from benchmarks.workloads import HF_ITERABLE_SHARDS, SEQ_LEN
+from benchmarks.workloads import HF_ITERABLE_SHARDS, SEQ_LEN, TPUT_BATCH
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,6 +59,53 @@ def impl_state(loader, consumed: int) -> dict[str, Any]:
     from reference.resume import make_state
 
     return make_state(loader.fingerprint, 0, consumed)
+
+
+def unchecked_store(path: str | os.PathLike[str]) -> Any:
+    """A new store object whose files carry no integrity checks (no block or document table consulted), all mapped.
+
+    The baseline of the first-read benchmarks (``test_integrity``,
+    ``first_epoch``): the same mapping and reads as a checked store, no check.
+    """
+    from unittest import mock
+
+    from impl.store import TokenStore
+
+    with mock.patch.object(TokenStore, "_new_blocks", lambda self, *args: None):
+        store = TokenStore.open(path)
+        for f in range(store.num_files):
+            store._map(f)
+    return store
+
+
+def time_packed_batches(store: Any, *, shuffle: str, batches: int, check_calls: bool = True) -> tuple[float, int]:
+    """``(seconds, tokens)`` of ``batches`` packed batches of ``TPUT_BATCH`` after an untimed first, from sample 0.
+
+    ``check_calls=False`` also tells the fill that the store's bounds check
+    its documents (``document_checks``), so it makes no check call of any
+    format: over an :func:`unchecked_store` of format 3 the fill would still
+    call ``check_blocks_batch`` for every run, with nothing to check.
+    """
+    import contextlib
+    import time
+    from unittest import mock
+
+    from impl.dataset import PackedDataset
+    from impl.store import TokenStore
+
+    with contextlib.ExitStack() as stack:
+        if not check_calls:
+            stack.enter_context(mock.patch.object(TokenStore, "document_checks", True))
+        dataset = PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle=shuffle, seed=0)
+        loader = impl_loader(dataset, batch_size=TPUT_BATCH)
+        loader.load_state_dict(impl_state(loader, 0))
+        it = iter(loader)
+        next(it)
+        tokens = 0
+        start = time.perf_counter()
+        for _ in range(batches):
+            tokens += batch_tokens(next(it))
+        return time.perf_counter() - start, tokens
 
 
 def batch_tokens(batch: Any) -> int:

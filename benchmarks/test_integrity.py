@@ -44,10 +44,11 @@ without any check, its first-touch page faults and cold reads); all locate
 every document anew. ``extra_info["check_overhead"]`` is the median over
 rounds of first / unchecked - 1: issue 8's figure (target <= 5 % at L);
 ``first_read_overhead`` is first / verified - 1 and ``fresh_map_overhead``
-unchecked / verified - 1 (about 0 for format 4; for format 3 it was +22 %
-under the global shuffle, which was not the mapping but the fill's
-``check_blocks_batch`` calls, made with no checks to do: its per-run loop
-never short-circuits until every block of the store is verified).
+unchecked / verified - 1 (+7 to +17 % under the global shuffle at L: the
+page faults of a fresh mapping). Unchecked, the fill makes no check call
+(``harness.time_packed_batches(check_calls=False)``); before, a format-3
+fill still called ``check_blocks_batch`` for every run with nothing to
+check, which the +22 % once reported as the fresh mapping's cost included.
 ``check_fraction`` of ``impl+check-*`` is an upper bound of the block
 checks' share: a second, separate ``check_blocks`` call per file per batch,
 on cold caches, on top of the fill path's own.
@@ -147,34 +148,13 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, impl
     held: dict = {}
 
     if w.mode == "impl-first-vs-verified":
-        from impl.dataset import PackedDataset
-
-        ds0 = impl_datasets(w.shuffle)
         n = len(batch_groups(w.shuffle))
-        state0 = harness.impl_state(harness.impl_loader(ds0, batch_size=TPUT_BATCH), 0)
         triples: list[tuple[float, float, float]] = []
-
-        def unchecked_store():
-            with monkeypatch.context() as patch:
-                patch.setattr(TokenStore, "_new_blocks", lambda self, *args: None)
-                store = TokenStore.open(corpus.store())
-                for f in range(store.num_files):
-                    store._map(f)  # mapped now (no block checks), read lazily like the others
-            return store
 
         def iterate(kind: str) -> tuple[float, int]:
             store = {"first": lambda: TokenStore.open(corpus.store()), "verified": lambda: _verified(corpus),
-                     "unchecked": unchecked_store}[kind]()
-            ds = PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle=w.shuffle, seed=0)
-            loader = harness.impl_loader(ds, batch_size=TPUT_BATCH, num_workers=0)
-            loader.load_state_dict(state0)
-            it = iter(loader)
-            next(it)
-            tokens = 0
-            start = time.perf_counter()
-            for _ in range(n):
-                tokens += harness.batch_tokens(next(it))
-            return time.perf_counter() - start, tokens
+                     "unchecked": lambda: harness.unchecked_store(corpus.store())}[kind]()
+            return harness.time_packed_batches(store, shuffle=w.shuffle, batches=n, check_calls=kind != "unchecked")
 
         def target():
             first, tokens = iterate("first")

@@ -71,6 +71,14 @@ def main() -> None:
         boundary = next(s for s in samples if len(s.document_starts) > 1)
         _show_sample(tokenizer, boundary)
 
+    readme = PipelineConfig(ordering=OrderingConfig(kind="global", seed=0),
+                            packing=PackingConfig(seq_len=256, mode="best_fit", pad_id=tokenizer.pad_token_id))
+    print(RULE)
+    print("The README's training config (best_fit, global shuffle, seed 0; one pack window holds all 48 chapters):")
+    for epoch in (0, 1):
+        firsts = [sorted({d for d in s.doc_ids if d >= 0}) for s in ReferenceLoader(corpus, readme).samples(epoch)[:4]]
+        print(f"  epoch {epoch}: first 4 samples hold chapters {firsts}")
+
     config = PipelineConfig(ordering=OrderingConfig(kind="global", seed=7),
                             packing=PackingConfig(seq_len=256, mode="concat"), end="drop_last")
     total = len(ReferenceLoader(corpus, config).samples(0))

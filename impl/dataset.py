@@ -76,7 +76,7 @@ from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
-from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, pack_plan
+from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, bin_key, pack_plan
 from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key, resolve_keys
 from impl.splits import SplitStore, split_pipeline
 from impl.store import META_FILE, TokenStore
@@ -91,7 +91,7 @@ SHUFFLES = {"none": "sequential", "sequential": "sequential", "global": "global"
 """``shuffle=`` names and the ``reference.ordering`` kind each selects (``buffer`` is refused)."""
 
 PLAN_FORMAT = "loadspec.plan"
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 PLAN_BLOCK = 1 << 13
 """int64 values per checksummed block of a cached plan (64 KiB): the unit a fresh loader verifies on first use."""
 MAX_SEQ_LEN = 1 << 24
@@ -439,10 +439,11 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     def compute_plan(self, epoch: int) -> PackPlan:
         """Epoch ``epoch``'s plan computed now (no cache): lengths in epoch order, then ``impl.packing.pack_plan``."""
-        lengths = self.store.lengths
+        lengths, key = self.store.lengths, None
         if self.config.ordering.kind != "sequential":
             lengths = lengths[self.order(epoch).to_array()]
-        return pack_plan(lengths, self.config.packing)
+            key = bin_key(self.config.ordering.seed, self._plan_epoch(epoch))
+        return pack_plan(lengths, self.config.packing, key=key)
 
     def _load_or_compute(self, epoch: int) -> PackPlan:
         paths = self.plan_paths(epoch)

@@ -1,7 +1,7 @@
 """Vectorised packing plans: ``reference.packing``'s plan as flat integer arrays (the fill is ``impl.fill``).
 
-Conforms to PACK-1, PACK-2, PACK-6, PACK-8, PACK-10, PACK-11 and PACK-14 ..
-PACK-20 of docs/clauses/packing.md (PACK-21, config validation, is
+Conforms to PACK-1, PACK-2, PACK-6, PACK-8, PACK-10, PACK-11, PACK-14 ..
+PACK-20 and PACK-22 of docs/clauses/packing.md (PACK-21, config validation, is
 ``reference.packing.PackingConfig``'s own): ``pack_plan`` returns the same
 pieces as ``reference.packing.pack_plan`` for every mode and option.
 
@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from impl.errors import ConfigError, LoadspecError, is_integer, require
+from impl.rng import FeistelPermutation, Stream, derive_key, subkey
 from reference.packing import STREAM_MODES, PackingConfig, Piece
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "PackPlan",
     "PlanCorruptError",
     "best_fit_bins",
+    "bin_key",
     "chunk_arrays",
     "first_fit_bins",
     "greedy_bins",
@@ -439,7 +441,12 @@ def _stream_plan(kept: np.ndarray, prepared: np.ndarray, config: PackingConfig) 
     return PackPlan(config.mode, config.seq_len, {"cum": cum, "kept": kept})
 
 
-def _bin_plan(kept: np.ndarray, prepared: np.ndarray, config: PackingConfig) -> PackPlan:
+def bin_key(seed: int, epoch: int) -> int:
+    """``reference.packing.bin_key``: the key of the bins' emission order under a shuffled order (PACK-22)."""
+    return derive_key(seed, epoch, Stream.BIN_ORDER)
+
+
+def _bin_plan(kept: np.ndarray, prepared: np.ndarray, config: PackingConfig, key: int | None) -> PackPlan:
     doc, start, stop = chunk_arrays(prepared, config)
     pos = kept[doc]
     if config.mode == "none":
@@ -455,8 +462,10 @@ def _bin_plan(kept: np.ndarray, prepared: np.ndarray, config: PackingConfig) -> 
     order_parts: list[np.ndarray] = []
     size_parts: list[list[int]] = []
     all_widths = widths.tolist()
-    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist()):
+    for w, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
         bins = packer(all_widths[lo:hi], config.seq_len)
+        if key is not None:      # PACK-22: sample j of the window is bin π(j)
+            bins = [bins[b] for b in FeistelPermutation(len(bins), subkey(key, w)).to_array().tolist()]
         order_parts.append(np.fromiter(chain.from_iterable(bins), dtype=_I64, count=hi - lo) + lo)
         size_parts.append([len(b) for b in bins])
     order = np.concatenate(order_parts) if order_parts else np.zeros(0, dtype=_I64)
@@ -467,10 +476,13 @@ def _bin_plan(kept: np.ndarray, prepared: np.ndarray, config: PackingConfig) -> 
                                                   "piece_start": start[order], "piece_stop": stop[order]})
 
 
-def pack_plan(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> PackPlan:
+def pack_plan(lengths: np.ndarray | Sequence[int], config: PackingConfig, *, key: int | None = None) -> PackPlan:
     """Every sample's pieces from raw document lengths in input order: ``reference.packing.pack_plan`` (PACK-20).
 
-    Clauses: PACK-2, PACK-6, PACK-8, PACK-10, PACK-11, PACK-14 .. PACK-20.
+    ``key``: ``bin_key(seed, epoch)`` when the lengths come in a shuffled
+    order, which sets the order of each window's bins in the bin modes
+    (PACK-22); None keeps creation order.
+    Clauses: PACK-2, PACK-6, PACK-8, PACK-10, PACK-11, PACK-14 .. PACK-20, PACK-22.
 
     >>> pack_plan([3, 0, 6, 1], PackingConfig(seq_len=4, mode="first_fit")).to_reference()
     [(Piece(doc=0, start=0, stop=3), Piece(doc=3, start=0, stop=1)), (Piece(doc=2, start=0, stop=4),), (Piece(doc=2, start=4, stop=6),)]
@@ -480,7 +492,7 @@ def pack_plan(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> Pac
     kept, prepared = kept_lengths(lengths, config)
     if config.mode in STREAM_MODES:
         return _stream_plan(kept, prepared, config)
-    return _bin_plan(kept, prepared, config)
+    return _bin_plan(kept, prepared, config, key)
 
 
 def num_samples(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> int:

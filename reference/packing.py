@@ -12,8 +12,11 @@ Packing is *plan, then fill*. ``pack_plan`` computes from document lengths
 alone which pieces ``(document position, start, stop)`` each sample holds;
 ``fill`` reads the tokens. The plan is the single source of truth (PACK-20):
 a loader can count and locate samples without reading data, and a vectorised
-implementation reproduces the plan with integer arithmetic only. Packing uses
-no randomness: the order of the documents is decided upstream (ORD-*).
+implementation reproduces the plan with integer arithmetic only. The order of
+the documents is decided upstream (ORD-*); packing's one use of randomness is
+the order in which a bin mode emits each window's bins under a shuffled order
+(PACK-22), keyed by the caller, since a packer such as best-fit decreasing
+creates its bins longest first and would otherwise undo the shuffle.
 
 Modes: ``concat`` and ``chunk`` cut one concatenated token stream (PACK-6 ..
 PACK-9); ``greedy``, ``first_fit`` and ``best_fit`` pack whole documents, cut
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 from reference.errors import ConfigError, is_int, require
+from reference.rng import FeistelPermutation, Stream, derive_key, subkey
 
 IGNORE = -100
 NO_DOC = -1
@@ -465,24 +469,56 @@ def _chunks(docs: Sequence[int], lengths: list[int], config: PackingConfig) -> l
     return [Piece(doc, a, b) for doc in docs for a, b in chunk_spans(lengths[doc], config)]
 
 
-def _bin_plan(kept: list[int], lengths: list[int], config: PackingConfig) -> Plan:
-    """Each window's chunks packed into bins, the window's bins emitted in creation order (PACK-14)."""
+def bin_key(seed: int, epoch: int) -> int:
+    """The key of the bins' emission order under a shuffled order of ``seed`` in ``epoch`` (PACK-22).
+
+    >>> bin_key(0, 0) != bin_key(0, 1) != bin_key(1, 0)
+    True
+    """
+    return derive_key(seed, epoch, Stream.BIN_ORDER)
+
+
+def emission_order(num_bins: int, key: int | None, window: int) -> list[int]:
+    """Which bin of window ``window`` each sample of that window is: creation order, or keyed (PACK-14, PACK-22).
+
+    Why keyed: the packers create bins in an order tied to the items' widths
+    (best-fit decreasing: longest first), so emitting them in creation order
+    turns a shuffled document order into a length-sorted sample order that is
+    the same for every seed and epoch when a window holds all documents.
+    Sample ``j`` of the window is bin ``π(j)``, ``π`` the keyed bijection
+    (RNG-5) of ``[0, num_bins)`` under ``subkey(key, window)`` (RNG-6).
+
+    >>> emission_order(4, None, 0)
+    [0, 1, 2, 3]
+    >>> sorted(emission_order(4, bin_key(0, 0), 0))
+    [0, 1, 2, 3]
+    """
+    if key is None:
+        return list(range(num_bins))
+    return FeistelPermutation(num_bins, subkey(key, window)).to_list()
+
+
+def _bin_plan(kept: list[int], lengths: list[int], config: PackingConfig, key: int | None) -> Plan:
+    """Each window's chunks packed into bins, the window's bins emitted in creation or keyed order (PACK-14, PACK-22)."""
     plan: Plan = []
     packer = PACKERS[config.mode]
-    for w in range(0, len(kept), config.window):
-        items = _chunks(kept[w:w + config.window], lengths, config)
+    for w, first in enumerate(range(0, len(kept), config.window)):
+        items = _chunks(kept[first:first + config.window], lengths, config)
         bins = packer([piece_width(p, config) for p in items], config.seq_len)
-        plan.extend(tuple(items[i] for i in b) for b in bins)
+        plan.extend(tuple(items[i] for i in bins[b]) for b in emission_order(len(bins), key, w))
     return plan
 
 
-def pack_plan(lengths: Sequence[int], config: PackingConfig) -> Plan:
+def pack_plan(lengths: Sequence[int], config: PackingConfig, *, key: int | None = None) -> Plan:
     """Every sample's pieces, from the raw document lengths alone (PACK-20).
 
     ``lengths[i]`` is the number of tokens of document ``i`` before
     preparation; each piece ``(doc, start, stop)`` names a document by its
     position ``i`` and a range of its prepared tokens, in input order.
-    Clauses: PACK-2, PACK-6, PACK-8, PACK-14, PACK-18, PACK-19, PACK-20.
+    ``key`` (``bin_key(seed, epoch)`` when the documents come in a shuffled
+    order, None otherwise) sets the order of each window's bins in the bin
+    modes (PACK-22); the other modes ignore it.
+    Clauses: PACK-2, PACK-6, PACK-8, PACK-14, PACK-18, PACK-19, PACK-20, PACK-22.
 
     >>> pack_plan([3, 6, 1], PackingConfig(seq_len=4))
     [(Piece(doc=0, start=0, stop=3), Piece(doc=1, start=0, stop=1)), (Piece(doc=1, start=1, stop=5),)]
@@ -495,7 +531,7 @@ def pack_plan(lengths: Sequence[int], config: PackingConfig) -> Plan:
         return _stream_plan(kept, prepared, config)
     if config.mode == "none":
         return [(piece,) for piece in _chunks(kept, prepared, config)]
-    return _bin_plan(kept, prepared, config)
+    return _bin_plan(kept, prepared, config, key)
 
 
 def num_samples(lengths: Sequence[int], config: PackingConfig) -> int:
@@ -576,15 +612,15 @@ def _fill_sample(pieces: Sequence[Piece], documents: Sequence[Document], prepare
                   token_offsets=tuple(offsets) + (NO_OFFSET,) * pad, document_starts=tuple(starts))
 
 
-def pack(documents: Sequence[Document], config: PackingConfig) -> list[Sample]:
+def pack(documents: Sequence[Document], config: PackingConfig, *, key: int | None = None) -> list[Sample]:
     """The epoch's samples: the plan of the documents' lengths, filled with their tokens (PACK-20).
 
-    Clauses: PACK-1 .. PACK-19 through ``pack_plan`` and ``fill``.
+    ``key``: as ``pack_plan``'s (PACK-22). Clauses: PACK-1 .. PACK-19, PACK-22 through ``pack_plan`` and ``fill``.
 
     >>> [s.input_ids for s in pack([(0, [1, 2]), (1, []), (2, [3])], PackingConfig(seq_len=2, mode="none"))]
     [(1, 2), (3, 0)]
     """
-    return fill(pack_plan([len(tokens) for _, tokens in documents], config), documents, config)
+    return fill(pack_plan([len(tokens) for _, tokens in documents], config, key=key), documents, config)
 
 
 # ------------------------------------------------------------------ accounting

@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 from reference.errors import ConfigError, SplitError, StateError, TopologyError, require
 from reference.mixing import MixConfig, StreamConfig, WeightFn, mix, mix_streams
 from reference.ordering import OrderingConfig, epoch_order
-from reference.packing import IGNORE, PackingConfig, Sample, pack
+from reference.packing import BIN_MODES, IGNORE, PackingConfig, Sample, bin_key, pack
 from reference.partition import PADDING, End, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
 from reference.splits import STORE_SPLIT, Bound, parse_bounds, resolve_bound, resolve_slice, split_corpus
 
@@ -94,6 +94,8 @@ class PipelineConfig:
         out: dict[str, Any] = {"ordering": asdict(self.ordering), "packing": asdict(self.packing), "end": self.end}
         if self.split is not None:
             out["split"] = list(self.split)
+        if self.packing.mode in BIN_MODES and self.ordering.kind != "sequential":
+            out["bins"] = "keyed"    # PACK-22: a state saved when these bins came in creation order does not fit
         return out
 
     def rows(self, num_documents: int) -> range:
@@ -152,12 +154,17 @@ def pipeline_fingerprint(data_fingerprint: str, config: PipelineConfig) -> str:
 
 
 def epoch_samples(corpus: Corpus, config: PipelineConfig, epoch: int) -> list[Sample]:
-    """The epoch's global sample stream: the split's documents (SPLIT-8) in ORD order, packed by PACK (RES-1)."""
+    """The epoch's global sample stream: the split's documents (SPLIT-8) in ORD order, packed by PACK (RES-1).
+
+    A shuffled order (any kind but ``sequential``) also keys the order of the
+    packed bins with the ordering's seed and the epoch (PACK-22).
+    """
     if config.split is not None:
         corpus = split_corpus(corpus, config.rows(sum(len(f) for f in corpus)))
     documents = [doc for file in corpus for doc in file]
     order = epoch_order([len(f) for f in corpus], config.ordering, epoch)
-    return pack([(d, documents[d]) for d in order], config.packing)
+    key = None if config.ordering.kind == "sequential" else bin_key(config.ordering.seed, epoch)
+    return pack([(d, documents[d]) for d in order], config.packing, key=key)
 
 
 def padding_sample(config: PackingConfig) -> Sample:

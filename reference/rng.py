@@ -48,6 +48,7 @@ class Stream(enum.IntEnum):
     MIX = 5
     BUCKET = 6
     SAMPLE_ORDER = 7
+    BIN_ORDER = 8
 
 
 def mix64(z: int) -> int:

@@ -11,6 +11,8 @@ expected token.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -210,3 +212,46 @@ def test_invalid_plan_requests_raise_config_errors_naming_the_fix():
                         mentions=["negative"])
     assert_raises_typed(ConfigError, ip.PackPlan, "concat", 4, {"sample_ptr": np.zeros(1, dtype=np.int64)},
                         clause="PACK-20", what="bin arrays for a stream plan", mentions=["cum", "recompute"])
+
+
+@pytest.mark.clause("PACK-22")
+@given(corpus=ls.corpora(max_len=60), config=ls.packing_configs(("greedy", "first_fit", "best_fit"), max_seq_len=10),
+       seed=ls.seeds, epoch=st.integers(0, 5))
+def test_keyed_bin_plans_equal_the_reference_for_every_seed_and_epoch(corpus, config, seed, epoch):
+    lengths = [len(d) for d in unique_tokens(corpus)]
+    key = rp.bin_key(seed, epoch)
+    check(ip.bin_key(seed, epoch) == key, clause="PACK-22", what="impl bin_key differs from the reference's")
+    assert_equal(ip.pack_plan(lengths, config, key=key).to_reference(), rp.pack_plan(lengths, config, key=key),
+                 clause="PACK-22", what="keyed impl plan", repro={"lengths": lengths, "config": config, "seed": seed,
+                                                                  "epoch": epoch})
+
+
+@pytest.mark.clause("PACK-22")
+@pytest.mark.parametrize("shuffle", ["global", "window"])
+def test_the_readmes_best_fit_global_shuffle_config_changes_order_with_seed_and_epoch(tmp_path, shuffle):
+    """``PackedDataset(store, packing="best_fit", shuffle=...)``: one pack window holds every document, as in the
+    README's config on a small store; before PACK-22 every seed and epoch gave the same, length-sorted samples."""
+    from conformance.impl_tests.test_dataset import make_store
+    from impl import PackedDataset
+    from impl.rng import below, derive_key
+    key = derive_key(7, 0, 99)
+    lengths = [1 + int(below(key, np.arange(i, i + 1), 60)[0]) for i in range(120)]
+    docs = [[10 + (k * 7 + j) % 200 for j in range(m)] for k, m in enumerate(lengths)]
+    store = make_store([docs[i:i + 30] for i in range(0, 120, 30)], tmp_path / "store")
+
+    def first_samples(seed: int, epoch: int) -> list[tuple[int, ...]]:
+        ds = PackedDataset(store, seq_len=64, packing="best_fit", shuffle=shuffle, window=32, seed=seed,
+                           cache_dir=tmp_path / "cache")
+        return [tuple(ds.sample(epoch, i)["doc_ids"].tolist()) for i in range(min(16, ds.num_samples(epoch)))]
+
+    base = first_samples(0, 0)
+    for seed, epoch in ((0, 1), (1, 0)):
+        check(first_samples(seed, epoch) != base, clause="PACK-22",
+              what=f"seed {seed}, epoch {epoch}: the same first samples as seed 0, epoch 0")
+    ds = PackedDataset(store, seq_len=64, packing="best_fit", shuffle=shuffle, window=32, seed=0)
+    firsts = []
+    for i in range(ds.num_samples(0)):
+        doc_ids = ds.sample(0, i)["doc_ids"]
+        firsts.append(int(np.count_nonzero(doc_ids == doc_ids[0])))
+    descending = sum(a >= b for a, b in itertools.pairwise(firsts)) / (len(firsts) - 1)
+    check(descending < 0.8, clause="PACK-22", what=f"{descending:.0%} of adjacent samples' first documents shrink")

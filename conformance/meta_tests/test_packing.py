@@ -713,3 +713,86 @@ def test_split_options_are_accepted_but_inert_in_the_stream_modes(mode, docs):
     options = PackingConfig(seq_len=4, mode=mode, overflow="truncate", stride=2, bos_on_continuation=True, bos_id=BOS)
     assert_equal(pk.pack(docs, options), pk.pack(docs, plain), clause="PACK-21", what="samples with split options",
                  repro=repro(docs, options))
+
+
+# ------------------------------------------------------------------ PACK-22: a shuffle shuffles samples
+
+
+@pytest.mark.clause("PACK-22")
+def test_best_fit_bins_of_the_worked_example_come_in_the_keyed_order_of_each_epoch_and_seed():
+    cfg = PackingConfig(seq_len=4, mode="best_fit")
+    lengths = [3, 4, 2, 1]
+    bins = pk.pack_plan(lengths, cfg)                      # creation order: [4] [3, 1] [2]
+    assert_equal(bins, [((1, 0, 4),), ((0, 0, 3), (3, 0, 1)), ((2, 0, 2),)], clause="PACK-17", what="creation order")
+    for (seed, epoch), order in {(0, 0): [0, 2, 1], (0, 1): [1, 2, 0], (0, 2): [2, 0, 1], (1, 0): [2, 1, 0]}.items():
+        keyed = pk.pack_plan(lengths, cfg, key=pk.bin_key(seed, epoch))
+        assert_equal(keyed, [bins[b] for b in order], clause="PACK-22", what=f"bins of seed {seed}, epoch {epoch}",
+                     repro={"lengths": lengths, "config": cfg})
+
+
+@pytest.mark.clause("PACK-22")
+@given(lengths=st.lists(st.integers(0, 20), max_size=40), window=st.integers(1, 12),
+       mode=st.sampled_from(pk.BIN_MODES), seed=st.integers(0, 3), epoch=st.integers(0, 3))
+def test_keyed_bins_are_a_permutation_of_each_windows_bins_and_the_stream_modes_ignore_the_key(
+        lengths, window, mode, seed, epoch):
+    cfg = PackingConfig(seq_len=8, mode=mode, window=window)
+    rep = {"lengths": lengths, "config": cfg, "seed": seed, "epoch": epoch}
+    plain = pk.pack_plan(lengths, cfg)
+    keyed = pk.pack_plan(lengths, cfg, key=pk.bin_key(seed, epoch))
+    window_of = {doc: k // window for k, doc in enumerate(d for d, m in enumerate(lengths) if m > 0)}
+
+    def by_window(plan):
+        out: dict[int, list] = {}
+        for sample in plan:
+            out.setdefault(window_of[sample[0].doc], []).append(sample)
+        return out
+
+    plain_w, keyed_w = by_window(plain), by_window(keyed)
+    assert_equal(sorted(keyed_w), sorted(plain_w), clause="PACK-22", what="windows", repro=rep)
+    assert_equal([w for s in keyed for w in [window_of[s[0].doc]]], sorted(window_of[s[0].doc] for s in keyed),
+                 clause="PACK-22", what="windows stay in order", repro=rep)
+    for w, samples in plain_w.items():
+        assert_equal(sorted(keyed_w[w]), sorted(samples), clause="PACK-22", what=f"window {w}'s bins", repro=rep)
+    for stream_mode in ("concat", "chunk", "none"):
+        other = PackingConfig(seq_len=8, mode=stream_mode, window=window)
+        assert_equal(pk.pack_plan(lengths, other, key=pk.bin_key(seed, epoch)), pk.pack_plan(lengths, other),
+                     clause="PACK-22", what=f"{stream_mode} with a key", repro=rep)
+
+
+def _shuffled_corpus() -> list[list[list[int]]]:
+    """80 documents of 1..60 tokens (lengths from the counter-based generator), in 4 files."""
+    from reference.rng import below, derive_key
+    key = derive_key(12345, 0, 99)
+    lengths = [1 + below(key, i, 60) for i in range(80)]
+    docs = [[1000 * (k + 1) + j for j in range(m)] for k, m in enumerate(lengths)]
+    return [docs[i:i + 20] for i in range(0, 80, 20)]
+
+
+@pytest.mark.clause("PACK-22")
+@pytest.mark.parametrize("kind", ["global", "window"])
+@pytest.mark.parametrize("mode", pk.MODES)
+def test_every_shuffle_changes_the_sample_order_with_seed_and_epoch_and_sorts_no_lengths(mode, kind):
+    """What a user expects of shuffle="global" / "window" whatever the packing (the README's best_fit config).
+
+    Before PACK-22, best_fit emitted one window's bins longest document first: with every document in one
+    window, each seed and epoch gave the same samples in the same order, their first segments sorted by length.
+    """
+    from reference.ordering import OrderingConfig
+    from reference.resume import PipelineConfig, epoch_samples
+    corpus = _shuffled_corpus()
+
+    def samples(seed: int, epoch: int):
+        cfg = PipelineConfig(packing=PackingConfig(seq_len=64, mode=mode),
+                             ordering=OrderingConfig(kind=kind, seed=seed, window=16))
+        return epoch_samples(corpus, cfg, epoch)
+
+    base = samples(0, 0)
+    rep = {"mode": mode, "kind": kind}
+    check(len(base) >= 20, clause="PACK-22", what=f"only {len(base)} samples", repro=rep)
+    for seed, epoch in ((0, 1), (1, 0), (1, 1)):
+        check([s.input_ids for s in samples(seed, epoch)] != [s.input_ids for s in base], clause="PACK-22",
+              what=f"seed {seed}, epoch {epoch} gave the same sample order as seed 0, epoch 0", repro=rep)
+    firsts = [s.document_starts[1] if len(s.document_starts) > 1 else 64 - s.doc_ids.count(-1) for s in base]
+    descending = sum(a >= b for a, b in itertools.pairwise(firsts)) / (len(firsts) - 1)
+    check(descending < 0.8, clause="PACK-22", repro=rep,
+          what=f"{descending:.0%} of adjacent samples have non-increasing first segments: a length order")

@@ -182,8 +182,10 @@ def mixtures(draw, *, max_sources: int = 3, stoppings=STOPPING_STRATEGIES):
 
 
 def _old_fingerprint(corpus, config):
-    """RES-3's fingerprint as it was before splits existed: data and {ordering, packing, end}."""
+    """RES-3's fingerprint as it was before splits existed: data and {ordering, packing, end} (and PACK-22's bins)."""
     old = {"ordering": dataclasses.asdict(config.ordering), "packing": dataclasses.asdict(config.packing), "end": config.end}
+    if config.packing.mode in ("greedy", "first_fit", "best_fit") and config.ordering.kind != "sequential":
+        old["bins"] = "keyed"
     return hashlib.sha256(canonical_json({"data": corpus_fingerprint(corpus), "config": old}).encode()).hexdigest()
 
 

@@ -58,7 +58,15 @@ from impl.errors import ConfigError, is_integer, require
 from impl.fill import TokenSource, fill_batch
 from impl.packing import _exclusive_cumsum, _ranges
 from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
-from reference.mixing import BATCHING_METHODS, STOPPING_STRATEGIES, MixConfig, StreamConfig, WeightFn
+from reference.mixing import (
+    BATCHING_METHODS,
+    STOPPING_STRATEGIES,
+    MixConfig,
+    StreamConfig,
+    WeightFn,
+    repeat_message,
+    zero_weight_message,
+)
 from reference.packing import PackingConfig
 from reference.partition import PADDING
 from reference.resume import MixtureConfig, canonical_json, mixture_fingerprint
@@ -440,6 +448,22 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     function of the sources' sizes, the config and the epoch (two plans are
     kept in memory).
 
+    What a weight is (MIX-19): each step draws a source with probability
+    its weight over the weights of the sources it may still draw, so a
+    weight is its source's share of the samples (and tokens) while every
+    source can be drawn. Under ``first_exhausted`` (the epoch ends at the
+    first draw of an exhausted source) and ``all_exhausted_oversample``
+    (exhausted sources restart) that is the whole epoch; under
+    ``all_exhausted`` every sample is trained once, so the epoch's shares
+    are the sources' sizes and the weights set only the interleaving until
+    a source runs out.
+
+    Refused (ConfigError): a static weight of 0 (MIX-18: its source is never
+    trained; drop it), and sources that read the same documents, the same
+    dataset twice or overlapping splits of one store (MIX-17), unless
+    ``allow_repeat=True`` says the repeat is intended (it does not enter
+    the fingerprint: it changes no sample).
+
     >>> mixed = MixedDataset([web, code], weights=(0.7, 0.3), stopping="all_exhausted", seed=1)   # doctest: +SKIP
     >>> loader = build_dataloader(mixed, batch_size=8, rank=rank, world_size=world)              # doctest: +SKIP
     """
@@ -447,7 +471,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def __init__(self, sources: Sequence[Any], *, weights: Sequence[float] | None = None,
                  stopping: str = "first_exhausted", seed: int = 0, weight_fn: WeightFn | None = None,
                  end: str = "drop_last", epoch: int = 0, streams: Sequence[StreamConfig] | None = None,
-                 epoch_size: int | None = None, batching_method: str = "random") -> None:
+                 epoch_size: int | None = None, batching_method: str = "random", allow_repeat: bool = False) -> None:
         require(isinstance(sources, (list, tuple)) and len(sources) >= 1, ConfigError,
                 f"sources={sources!r} must be a non-empty list of datasets")
         require(stopping in STOPPING_STRATEGIES, ConfigError,
@@ -468,14 +492,20 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
         require(streams is not None or (epoch_size is None and batching_method == "random"), ConfigError,
                 "epoch_size and batching_method apply to streams; pass streams=[StreamConfig(...), ...] with them")
+        if weight_fn is None:
+            _check_weights_train_every_source(self.mix_config)
         self.end = end
         self.epoch = int(epoch)
         prints = [_fingerprint_of(s, i) for i, s in enumerate(self.sources)]
+        require(isinstance(allow_repeat, bool), ConfigError, f"allow_repeat={allow_repeat!r} must be True or False")
+        self.allow_repeat = allow_repeat
+        if not allow_repeat:
+            _check_distinct_sources(self.sources)
         configs = [getattr(s, "config", None) for s in self.sources]
         if all(c is not None and hasattr(c, "packing") for c in configs):
             self.config: MixtureConfig | None = MixtureConfig(
                 sources=tuple(configs), mixing=self.mix_config, end=end, weight_fn=weight_fn,  # type: ignore[arg-type]
-                streams=self.streams, epoch_size=epoch_size, batching_method=batching_method)
+                streams=self.streams, epoch_size=epoch_size, batching_method=batching_method, allow_repeat=allow_repeat)
             self.fingerprint = mixture_fingerprint(_data_fingerprints(self.sources), self.config)
             packing = self.config.packing
             self._pad: dict[str, np.ndarray] | None = {name: row[0] for name, row in padding_rows(1, packing).items()}
@@ -762,6 +792,43 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def __getitem__(self, key: Any) -> dict[str, torch.Tensor]:
         sample: dict[str, torch.Tensor] = self.__getitems__([key])[0]
         return sample
+
+
+def _check_weights_train_every_source(config: MixConfig) -> None:
+    """MIX-18: a mixture's static weight of 0 names a source it never trains."""
+    for i, w in enumerate(config.weights or ()):
+        require(w > 0, ConfigError, zero_weight_message(i, config.stopping))
+
+
+def _source_rows(source: Any) -> tuple[str, range | None]:
+    """MIX-17's identity of a source: its store's data fingerprint and the store rows it reads.
+
+    A split reads ``store.rows`` of its base store (``store.data_fingerprint``);
+    an unsplit store all its documents. A source without a store is its own
+    ``fingerprint``, whole (``None`` rows).
+    """
+    store: Any = getattr(source, "store", None)
+    data = getattr(store, "data_fingerprint", None) or getattr(store, "fingerprint", None)
+    if not isinstance(data, str):
+        return str(source.fingerprint), None
+    rows = getattr(store, "rows", None)
+    return data, rows if isinstance(rows, range) else range(int(store.num_documents))
+
+
+def _check_distinct_sources(sources: Sequence[Any]) -> None:
+    """MIX-17: refuse two sources that read some document twice (the same dataset, or overlapping splits)."""
+    seen = [_source_rows(src) for src in sources]
+    for i, (data_i, rows_i) in enumerate(seen):
+        for j in range(i + 1, len(seen)):
+            data_j, rows_j = seen[j]
+            if data_i != data_j:
+                continue
+            if rows_i is None or rows_j is None:
+                raise ConfigError(f"sources[{i}] and sources[{j}] are the same source (fingerprint {data_i[:12]}...), "
+                                  f"so each of its samples is trained twice per epoch; drop sources[{j}], or pass "
+                                  "allow_repeat=True if training them twice is intended (MIX-17)")
+            if max(rows_i.start, rows_j.start) < min(rows_i.stop, rows_j.stop):
+                raise ConfigError(repeat_message(data_i, i, rows_i, j, rows_j))
 
 
 def _shared_packing(sources: Sequence[Any]) -> PackingConfig | None:

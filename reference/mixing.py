@@ -379,7 +379,18 @@ def mix(source_sizes: Sequence[int], config: MixConfig, epoch: int, *,
     weight_fn's responsibility: one that never picks some non-empty source
     yields an endless stream.
 
-    Clauses: MIX-1, MIX-6, MIX-7, MIX-8, MIX-9, MIX-12.
+    What a weight is (MIX-19): its source's share of the draws among the
+    sources a step may choose. Under ``first_exhausted`` and
+    ``all_exhausted_oversample`` every source stays choosable, so the
+    weights are the epoch's expected shares; under ``all_exhausted`` the
+    epoch holds every item once, so its shares are the sizes' and the
+    weights only set the interleaving until a source runs out::
+
+        >>> stream = mix([400, 100], MixConfig(weights=(0.5, 0.5), stopping="all_exhausted", seed=0), epoch=0)
+        >>> sum(s == 0 for s, _ in stream) / len(stream)
+        0.8
+
+    Clauses: MIX-1, MIX-6, MIX-7, MIX-8, MIX-9, MIX-12, MIX-19.
     """
     state = initial_state(len(source_sizes))
     out: list[Item] = []
@@ -388,6 +399,110 @@ def mix(source_sizes: Sequence[int], config: MixConfig, epoch: int, *,
         if item is None:
             return out
         out.append(item)
+
+
+# ---------------------------------------------------------------- what a mixture refuses (MIX-17, MIX-18)
+
+SourceRows = tuple[str, range]
+"""A mixture source's identity (MIX-17): the fingerprint of the data it reads and the document rows of that data."""
+
+
+def repeated_rows(sources: Sequence[SourceRows]) -> list[tuple[int, int, range]]:
+    """Pairs of sources that read the same documents: ``(i, j, rows)``, ``i < j``, rows read by both (MIX-17).
+
+    Two sources repeat documents when they read the same data (equal data
+    fingerprints: the same store, or a split of it) and their row ranges
+    intersect; their orderings and packings do not matter, since each
+    document is trained once per source whatever its order or packing.
+
+    >>> repeated_rows([("web", range(0, 60)), ("code", range(0, 10)), ("web", range(50, 100))])
+    [(0, 2, range(50, 60))]
+    >>> repeated_rows([("web", range(0, 50)), ("web", range(50, 100))])
+    []
+
+    Clauses: MIX-17.
+    """
+    out: list[tuple[int, int, range]] = []
+    for j, (data_j, rows_j) in enumerate(sources):
+        for i, (data_i, rows_i) in enumerate(sources[:j]):
+            both = range(max(rows_i.start, rows_j.start), min(rows_i.stop, rows_j.stop))
+            if data_i == data_j and len(both):
+                out.append((i, j, both))
+    return sorted(out, key=lambda pair: (pair[0], pair[1]))
+
+
+def repeat_message(data: str, i: int, rows_i: range, j: int, rows_j: range) -> str:
+    """The ConfigError text of MIX-17: sources ``i`` and ``j`` read rows of ``data`` that intersect (impl's too)."""
+    rows = range(max(rows_i.start, rows_j.start), min(rows_i.stop, rows_j.stop))
+    fix = ("pass allow_repeat=True if training them twice is intended (to train a source more than once per "
+           "epoch on purpose, streams=[StreamConfig(repeat=2.0), ...] says so)")
+    if rows_i == rows_j:
+        return (f"sources[{i}] and sources[{j}] are the same source (data {data[:12]}..., rows [{rows.start}, "
+                f"{rows.stop}): {len(rows)} documents), so each of its documents is trained twice per epoch; drop "
+                f"sources[{j}], or {fix} (MIX-17)")
+    return (f"sources[{i}] (rows [{rows_i.start}, {rows_i.stop})) and sources[{j}] (rows [{rows_j.start}, "
+            f"{rows_j.stop})) read the same data {data[:12]}... and overlap in rows [{rows.start}, {rows.stop}) "
+            f"({len(rows)} documents), which are trained twice per epoch; make the splits disjoint (e.g. "
+            f"\"train[:50%]\" and \"train[50%:]\"), or {fix} (MIX-17)")
+
+
+def check_distinct_sources(sources: Sequence[SourceRows], *, allow_repeat: bool = False) -> None:
+    """Refuse a mixture whose sources read some document twice, unless ``allow_repeat`` (MIX-17).
+
+    Why refuse and not warn: a repeated source doubles the weight of its
+    documents in every epoch, and nothing in the batches shows it (each row
+    is tagged with a different source); a warning in the log of a long job
+    is not read. ``allow_repeat=True`` says the repeat is intended.
+
+    >>> check_distinct_sources([("web", range(0, 60)), ("web", range(50, 100))])
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: sources[0] (rows [0, 60)) and sources[1] (rows [50, 100)) read the same data web... and overlap in rows [50, 60) (10 documents), which are trained twice per epoch; make the splits disjoint (e.g. "train[:50%]" and "train[50%:]"), or pass allow_repeat=True if training them twice is intended (to train a source more than once per epoch on purpose, streams=[StreamConfig(repeat=2.0), ...] says so) (MIX-17)
+    >>> check_distinct_sources([("web", range(0, 60)), ("web", range(50, 100))], allow_repeat=True)
+
+    Clauses: MIX-17.
+    """
+    require(isinstance(allow_repeat, bool), ConfigError, f"allow_repeat={allow_repeat!r} must be True or False")
+    if allow_repeat:
+        return
+    pairs = repeated_rows(sources)
+    if pairs:
+        i, j, _ = pairs[0]
+        raise ConfigError(repeat_message(sources[i][0], i, sources[i][1], j, sources[j][1]))
+
+
+def zero_weight_message(i: int, stopping: str) -> str:
+    """The ConfigError text of MIX-18 for source ``i`` (impl words it the same way)."""
+    why = ("under stopping='first_exhausted' the other sources are drawn exactly as without it and the stream still "
+           "ends when one of them runs out, so the stream is, sample for sample, the mixture without it" if stopping == "first_exhausted"
+           else f"under stopping={stopping!r} an epoch ends only once every non-empty source has run out, which a "
+           f"non-empty source {i} never would (MIX-5)")
+    return (f"weights[{i}]=0: source {i} is never drawn, so it trains nothing; {why}; drop sources[{i}] from the "
+            f"mixture, or give it a positive weight to train it (MIX-18)")
+
+
+def check_mixture_weights(config: MixConfig) -> None:
+    """Refuse a mixture's static weight of 0, which names a source the mixture never trains (MIX-18).
+
+    Why refuse: a zero weight owns an empty interval of the draw (MIX-3),
+    so its source is never chosen. Under ``first_exhausted`` the stream
+    then equals, sample for sample, the mixture without that source (the
+    other sources' cumulative weights are unchanged, and the stream still
+    ends at the first draw of an exhausted source), so the user who wrote
+    the source believes it is trained and it is not; dropping it is the
+    exact fix. Under the ``all_exhausted`` variants MIX-5 already refuses
+    it (the source would never run out); this says so before any epoch.
+    ``all_exhausted`` is therefore no fix for a zero weight.
+
+    >>> check_mixture_weights(MixConfig(weights=(0.0, 1.0)))
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: weights[0]=0: source 0 is never drawn, so it trains nothing; under stopping='first_exhausted' the other sources are drawn exactly as without it and the stream still ends when one of them runs out, so the stream is, sample for sample, the mixture without it; drop sources[0] from the mixture, or give it a positive weight to train it (MIX-18)
+
+    Clauses: MIX-18.
+    """
+    for i, w in enumerate(config.weights or ()):
+        require(w > 0, ConfigError, zero_weight_message(i, config.stopping))
 
 
 # ---------------------------------------------------------------- MosaicML-style streams (MIX-15, MIX-16)

@@ -10,7 +10,7 @@ stream, across epoch boundaries too (RES-1). Because the state counts samples
 of the *global* stream, it is independent of world size, batch size and worker
 count (RES-4, RES-5).
 
-Clauses: RES-1 .. RES-7, SPLIT-8, MIX-13, MIX-14.
+Clauses: RES-1 .. RES-7, SPLIT-8, MIX-13, MIX-14, MIX-17, MIX-18.
 
 Worked example (3 documents of 3 tokens, L = 2, one document per sample, so each is split into
 2 chunks and the epoch holds 6 samples; two ranks, B = 1)::
@@ -35,7 +35,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 from reference.errors import ConfigError, SplitError, StateError, TopologyError, require
-from reference.mixing import MixConfig, StreamConfig, WeightFn, mix, mix_streams
+from reference.mixing import (
+    MixConfig,
+    SourceRows,
+    StreamConfig,
+    WeightFn,
+    check_distinct_sources,
+    check_mixture_weights,
+    mix,
+    mix_streams,
+)
 from reference.ordering import OrderingConfig, epoch_order
 from reference.packing import BIN_MODES, IGNORE, PackingConfig, Sample, bin_key, pack
 from reference.partition import PADDING, End, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
@@ -185,8 +194,10 @@ class MixtureConfig:
     """Several sources, each its own pipeline up to PACK, mixed at sample level (MIX-13).
 
     Why sample level: a sample is ``seq_len`` positions whatever its source,
-    so a weight of 0.7 is 70 % of the trained tokens, not 70 % of documents
-    of unequal length. Each source keeps its own ``PipelineConfig``
+    so weights count samples, hence tokens, not documents of unequal length:
+    a weight of 0.7 is 70 % of the draws while every source can be drawn,
+    which under ``all_exhausted`` lasts only until a source runs out (the
+    epoch's shares are then the sources' sizes, MIX-19). Each source keeps its own ``PipelineConfig``
     (split, ordering, packing; its ``end`` is unused); the mixture's ``end``
     is the partition's. Every source must pack to the same ``seq_len`` and
     ``pad_id`` (a batch stacks samples of several sources). ``weight_fn``
@@ -194,7 +205,10 @@ class MixtureConfig:
     ``streams`` (one ``StreamConfig`` per source) with ``epoch_size`` and
     ``batching_method`` select MosaicML-style per-epoch counts instead
     (MIX-15, MIX-16); the weights then come from the counts, and
-    ``mixing.seed`` keys the draws.
+    ``mixing.seed`` keys the draws. A static weight of 0 is refused (MIX-18);
+    ``allow_repeat=True`` lets sources read the same documents (MIX-17,
+    checked by ``MixtureReferenceLoader``, which knows the data) and stays
+    out of ``to_json``: it permits a mixture, it changes no sample.
 
     >>> p = PackingConfig(seq_len=4)
     >>> MixtureConfig(sources=(PipelineConfig(packing=p), PipelineConfig(packing=PackingConfig(seq_len=8))))
@@ -210,8 +224,11 @@ class MixtureConfig:
     streams: tuple[StreamConfig, ...] | None = None
     epoch_size: int | None = None
     batching_method: str = "random"
+    allow_repeat: bool = False
 
     def __post_init__(self) -> None:
+        require(isinstance(self.allow_repeat, bool), ConfigError,
+                f"allow_repeat={self.allow_repeat!r} must be True or False")
         if self.streams is not None:
             object.__setattr__(self, "streams", tuple(self.streams))
             require(len(self.streams) == len(self.sources), ConfigError,
@@ -244,6 +261,8 @@ class MixtureConfig:
                 f"end={self.end!r}: choose one of 'drop_last', 'pad', 'even'")
         require(self.weight_fn is None or callable(self.weight_fn), ConfigError,
                 f"weight_fn={self.weight_fn!r} must be callable (step, sizes, taken, exhausted) -> weights")
+        if self.weight_fn is None:
+            check_mixture_weights(self.mixing)
 
     @property
     def packing(self) -> PackingConfig:
@@ -382,12 +401,36 @@ class ReferenceLoader:
         self.epoch, self.consumed = epoch, consumed
 
 
+def source_rows(data_fingerprints: Sequence[str], sources: Sequence[Corpus], config: MixtureConfig) -> list[SourceRows]:
+    """Each source's identity for MIX-17: its data fingerprint and the rows its split reads (all rows without one).
+
+    >>> p = PackingConfig(seq_len=4)
+    >>> config = MixtureConfig(sources=(PipelineConfig(packing=p, split="train[:60%]"),
+    ...                                 PipelineConfig(packing=p, split="train[50%:]")), allow_repeat=True)
+    >>> corpus = [[[1, 2], [3], [4, 5], [6], [7], [8], [9], [10], [11], [12]]]
+    >>> source_rows(["web", "web"], [corpus, corpus], config)
+    [('web', range(0, 6)), ('web', range(5, 10))]
+
+    Clauses: MIX-17.
+    """
+    require(len(data_fingerprints) == len(sources) == len(config.sources), ConfigError,
+            f"{len(data_fingerprints)} data fingerprints and {len(sources)} corpora for {len(config.sources)} sources; "
+            "pass one of each per source")
+    out: list[SourceRows] = []
+    for data, corpus, cfg in zip(data_fingerprints, sources, config.sources):
+        n = sum(len(f) for f in corpus)
+        out.append((str(data), cfg.rows(n) if n else range(0)))
+    return out
+
+
 class MixtureReferenceLoader(ReferenceLoader):
     """One rank's view of a mixture (MIX-13): ReferenceLoader over the mixed stream, rows tagged with their source.
 
     The state is the same ``(epoch, consumed)`` of RES-2, counting the mixed
     stream, so resuming needs no mixing cursor: the stream is a pure function
-    of the sources, the config and the epoch (MIX-13, RES-4).
+    of the sources, the config and the epoch (MIX-13, RES-4). Sources that
+    read the same documents are refused unless ``config.allow_repeat``
+    (MIX-17): the loader is where the reference knows each source's data.
     """
 
     def __init__(self, sources: Sequence[Corpus], config: MixtureConfig, topology: Topology = Topology(), *,
@@ -401,6 +444,7 @@ class MixtureReferenceLoader(ReferenceLoader):
         self.partition = topology.partition(config.end)
         prints = data_fingerprints or [corpus_fingerprint(c) for c in sources]
         self.fingerprint = mixture_fingerprint(prints, config)
+        check_distinct_sources(source_rows(prints, sources, config), allow_repeat=config.allow_repeat)
         self.epoch = 0
         self.consumed = 0
         self._samples = None

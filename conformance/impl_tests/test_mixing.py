@@ -109,19 +109,26 @@ def mixtures(draw, *, max_sources: int = 3):
     weights = tuple(draw(st.lists(st.integers(1, 5), min_size=k, max_size=k))) if kind == "weights" else None
     mixing = MixConfig(weights=weights, stopping=draw(st.sampled_from(STOPPING_STRATEGIES)), seed=draw(ls.seeds))
     return corpora, MixtureConfig(sources=tuple(configs), mixing=mixing,
-                                  weight_fn=ref_mixing.balance_remaining if kind == "balance" else None)
+                                  weight_fn=ref_mixing.balance_remaining if kind == "balance" else None,
+                                  allow_repeat=draw(st.booleans()))   # drawn corpora may coincide (MIX-17)
 
 
 def _mixed(sources, config):
     weight_fn = balance_remaining if config.weight_fn is not None else None
     return MixedDataset(sources, weights=config.mixing.weights, stopping=config.mixing.stopping,
-                        seed=config.mixing.seed, weight_fn=weight_fn, end=config.end)
+                        seed=config.mixing.seed, weight_fn=weight_fn, end=config.end, allow_repeat=config.allow_repeat)
 
 
 def _impl_mixture(corpora, config, workdir):
     sources = [_dataset(c, cfg, workdir) for c, cfg in zip(corpora, config.sources)]
     assume(all(s is not None for s in sources))
-    return _mixed(sources, config), sources
+    reference, refused = _reference_or_error(MixtureReferenceLoader, corpora, config,
+                                             data_fingerprints=[s.store.fingerprint for s in sources])
+    mixed, error = _reference_or_error(_mixed, sources, config)
+    assert_equal(error, refused, clause="MIX-17", what="refusal of sources that repeat a corpus",
+                 repro={"corpora": corpora, "allow_repeat": config.allow_repeat})
+    assume(mixed is not None)
+    return mixed, sources, reference
 
 
 def _assert_rows_equal(batch, expected, first, what, repro):
@@ -134,15 +141,15 @@ def _assert_rows_equal(batch, expected, first, what, repro):
 
 @pytest.mark.clause("MIX-13")
 @pytest.mark.clause("MIX-14")
+@pytest.mark.clause("MIX-17")
 @given(mixture=mixtures(), epoch=st.integers(0, 3), batch_size=st.integers(1, 4), block=st.sampled_from([1, 3, 1024]))
 def test_mixed_dataset_samples_and_fingerprint_equal_the_reference_mixture(mixture, epoch, batch_size, block, workdir):
     corpora, config = mixture
-    mixed, sources = _impl_mixture(corpora, config, workdir)
+    mixed, sources, reference = _impl_mixture(corpora, config, workdir)
     expected = mixture_samples(corpora, config, epoch)
     repro = {"mixture": mixture, "epoch": epoch, "batch_size": batch_size, "block": block}
     assert_equal(mixed.num_samples(epoch), len(expected), clause="MIX-13", what="mixed samples in the epoch",
                  repro=repro)
-    reference = MixtureReferenceLoader(corpora, config, data_fingerprints=[s.store.fingerprint for s in sources])
     assert_equal(mixed.fingerprint, reference.fingerprint, clause="MIX-14", what="fingerprint")
     if not expected:
         return
@@ -349,3 +356,112 @@ def test_bad_streams_are_refused_with_the_fix(two_corpora):
         mixed = MixedDataset([web, code], streams=[StreamConfig(), StreamConfig()], batching_method=method)
         with pytest.raises(NotImplementedError, match="global batch size"):
             mixed.num_samples(0)
+
+
+# ---------------------------------------------------------------- what a mixture refuses (MIX-17, MIX-18), shares (MIX-19)
+
+
+@pytest.fixture(scope="module")
+def thirteen(workdir):
+    """A store of 13 documents (of one file) and a second, other store."""
+    web = build_store([[[100 + 10 * d + t for t in range(5)] for d in range(13)]], workdir)
+    code = build_store([[[5000 + 10 * d + t for t in range(5)] for d in range(7)]], workdir)
+    return web, code
+
+
+def _split(store, split=None):
+    return PackedDataset.from_config(store, PipelineConfig(packing=PackingConfig(seq_len=4, mode="chunk"), split=split),
+                                     cache_dir=False)
+
+
+@pytest.mark.clause("MIX-17")
+def test_a_source_given_twice_is_refused_naming_both_indices_and_the_fix(thirteen):
+    web, code = thirteen
+    a, other = _split(web), _split(code)
+    assert_raises_typed(ConfigError, MixedDataset, [a, a], clause="MIX-17", what="one dataset twice",
+                        mentions=["sources[0] and sources[1] are the same source", "13 documents", "allow_repeat=True"])
+    assert_raises_typed(ConfigError, MixedDataset, [a, other, _split(web)], weights=(1.0, 2.0, 3.0), clause="MIX-17",
+                        what="two datasets over one store", mentions=["sources[0] and sources[2]", "drop sources[2]"])
+    assert_raises_typed(ConfigError, interleave_datasets, [other, a, a], clause="MIX-17", what="interleave_datasets",
+                        mentions=["sources[1] and sources[2]"])
+
+
+@pytest.mark.clause("MIX-17")
+def test_overlapping_splits_of_one_store_are_refused_naming_the_shared_rows(thirteen):
+    web, code = thirteen
+    head, tail = _split(web, "train[:60%]"), _split(web, "train[50%:]")
+    assert_raises_typed(ConfigError, MixedDataset, [_split(code), head, tail], clause="MIX-17", what="overlapping splits",
+                        mentions=["sources[1] (rows [0, 8))", "sources[2] (rows [6, 13))", "rows [6, 8) (2 documents)",
+                                  "make the splits disjoint"])
+    assert_raises_typed(ConfigError, MixedDataset, [head, _split(web)], clause="MIX-17", what="a split and its store",
+                        mentions=["rows [0, 8) (8 documents)"])
+    disjoint = MixedDataset([head, _split(web, "train[60%:]")])
+    check(disjoint.num_samples(0) > 0, clause="MIX-17", what="disjoint splits of one store are a mixture")
+
+
+@pytest.mark.clause("MIX-17")
+@pytest.mark.clause("MIX-14")
+def test_allow_repeat_accepts_a_repeat_and_leaves_the_fingerprint_as_the_reference_computes_it(thirteen):
+    web, _ = thirteen
+    head, tail = _split(web, "train[:60%]"), _split(web, "train[50%:]")
+    repeated = MixedDataset([head, tail], allow_repeat=True)
+    config = MixtureConfig(sources=(head.config, tail.config))
+    assert_equal(repeated.fingerprint, MixtureReferenceLoader([[], []], config, data_fingerprints=[web.fingerprint] * 2)
+                 .fingerprint, clause="MIX-14", what="fingerprint of a mixture with allow_repeat=True")
+    disjoint = [head, _split(web, "train[60%:]")]
+    assert_equal(MixedDataset(disjoint, allow_repeat=True).fingerprint, MixedDataset(disjoint).fingerprint,
+                 clause="MIX-17", what="allow_repeat=True on a mixture that does not repeat")
+    twice = MixedDataset([head, head], allow_repeat=True, stopping="all_exhausted")
+    plan = twice.plan(0)
+    assert_equal(np.bincount(plan.source).tolist(), [head.num_samples(0)] * 2, clause="MIX-17",
+                 what="a repeat asked for trains the source twice")
+    assert_raises_typed(ConfigError, MixedDataset, [head, tail], allow_repeat="yes", clause="MIX-17",
+                        what="allow_repeat='yes'", mentions=["True or False"])
+
+
+@pytest.mark.clause("MIX-18")
+@pytest.mark.parametrize("stopping", STOPPING_STRATEGIES)
+def test_a_zero_weight_is_refused_at_construction_with_drop_the_source_as_the_fix(two_corpora, stopping):
+    web, code = two_corpora
+    error = assert_raises_typed(ConfigError, MixedDataset, [web, code], weights=(0, 1), stopping=stopping,
+                                clause="MIX-18", what=f"weights=(0, 1) under {stopping}",
+                                mentions=["weights[0]=0", "never drawn", "drop sources[0]"])
+    check("all_exhausted'" not in str(error).split("drop")[1], clause="MIX-18",
+          what="the fix offers stopping='all_exhausted', which refuses a zero weight too")
+    assert_raises_typed(ConfigError, interleave_datasets, [web, code], [1.0, 0.0], clause="MIX-18",
+                        what="interleave_datasets probabilities [1, 0]", mentions=["weights[1]=0"])
+    dynamic = MixedDataset([web, code], weights=(0, 1), stopping=stopping, weight_fn=balance_remaining)
+    check(dynamic.num_samples(0) > 0, clause="MIX-18", what="a weight_fn overrides the static weights")
+
+
+@pytest.mark.clause("MIX-18")
+def test_dropping_a_zero_weight_source_trains_the_same_samples_under_first_exhausted(two_corpora):
+    web, code = two_corpora
+    config = MixConfig(weights=(0.0, 0.4, 0.6), seed=3)
+    with_zero = mix_plan([web.num_samples(0), web.num_samples(0), code.num_samples(0)], config, 0)
+    without = MixedDataset([web, code], weights=(0.4, 0.6), seed=3).plan(0)
+    assert_equal((with_zero.source - 1).tolist(), without.source.tolist(), clause="MIX-18",
+                 what="sources of the plan with a zero-weight first source, against the mixture without it")
+    assert_equal(with_zero.item.tolist(), without.item.tolist(), clause="MIX-18", what="items")
+
+
+@pytest.mark.clause("MIX-19")
+@pytest.mark.parametrize("seed", [0, 5])
+def test_weights_are_the_share_under_first_exhausted_and_sizes_are_under_all_exhausted(workdir, seed):
+    config = PipelineConfig(packing=PackingConfig(seq_len=4, mode="chunk"))
+    big = PackedDataset.from_config(build_store([[[7 + (d * 13 + t) % 900 for t in range(4)] for d in range(400)]],
+                                                workdir), config, cache_dir=False)
+    small = PackedDataset.from_config(build_store([[[3000 + d * 4 + t for t in range(4)] for d in range(100)]], workdir),
+                                      config, cache_dir=False)
+    sizes = (big.num_samples(0), small.num_samples(0))
+    first = MixedDataset([big, small], weights=(0.5, 0.5), stopping="first_exhausted", seed=seed).plan(0)
+    every = MixedDataset([big, small], weights=(0.5, 0.5), stopping="all_exhausted", seed=seed).plan(0)
+    share, n = float((first.source == 0).mean()), len(first.source)
+    check(abs(share - 0.5) <= 4 * math.sqrt(0.25 / n), clause="MIX-19",
+          what=f"first_exhausted: source 0 holds {share:.3f} of {n} samples, its weight share 0.5")
+    assert_equal(float((every.source == 0).mean()), sizes[0] / sum(sizes), clause="MIX-19",
+                 what=f"all_exhausted: source 0's share of {sizes} is its size share, not its weight")
+    ran_out = int(np.flatnonzero(every.source == 1)[-1]) + 1
+    assert_equal(every.source[:ran_out].tolist(), first.source[:ran_out].tolist(), clause="MIX-19",
+                 what="all_exhausted draws by weight until source 1 runs out")
+    check(bool((every.source[ran_out:] == 0).all()), clause="MIX-19", what="then source 0 alone fills the epoch")

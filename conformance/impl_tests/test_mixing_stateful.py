@@ -68,11 +68,11 @@ def machine_mixtures(draw) -> tuple[list[Any], MixtureConfig]:
                                                   StreamConfig(choose=draw(st.integers(0, 12)))])) for _ in range(k))
         epoch_size = draw(st.one_of(st.none(), st.integers(1, 40)))
         return corpora, MixtureConfig(sources=sources, mixing=MixConfig(seed=seed), end=end, streams=streams,
-                                      epoch_size=epoch_size)
+                                      epoch_size=epoch_size, allow_repeat=True)   # drawn corpora may coincide (MIX-17)
     weights = tuple(float(w) for w in draw(st.lists(st.integers(1, 5), min_size=k, max_size=k))) \
         if kind == "weights" else None
     mixing = MixConfig(weights=weights, stopping=draw(st.sampled_from(STOPPING_STRATEGIES)), seed=seed)
-    return corpora, MixtureConfig(sources=sources, mixing=mixing, end=end,
+    return corpora, MixtureConfig(sources=sources, mixing=mixing, end=end, allow_repeat=True,
                                   weight_fn=ref_mixing.balance_remaining if kind == "balance" else None)
 
 
@@ -154,9 +154,11 @@ class MixtureMachine(LoaderMachine):
         c = self.config
         sources = [PackedDataset.from_config(store, cfg, cache_dir=False) for store, cfg in zip(self.stores, c.sources)]
         if c.streams is not None:
-            return MixedDataset(sources, streams=c.streams, epoch_size=c.epoch_size, seed=c.mixing.seed, end=c.end)
+            return MixedDataset(sources, streams=c.streams, epoch_size=c.epoch_size, seed=c.mixing.seed, end=c.end,
+                                allow_repeat=c.allow_repeat)
         return MixedDataset(sources, weights=c.mixing.weights, stopping=c.mixing.stopping, seed=c.mixing.seed,
-                            weight_fn=balance_remaining if c.weight_fn is not None else None, end=c.end)
+                            weight_fn=balance_remaining if c.weight_fn is not None else None, end=c.end,
+                            allow_repeat=c.allow_repeat)
 
     def _build(self, topology: Topology, state: dict[str, Any] | None) -> None:
         import json

@@ -37,11 +37,12 @@ def store(tmp_path_factory) -> TokenStore:
 
 @pytest.fixture(params=["packed", "mixed"])
 def make(request, store: TokenStore) -> Callable[..., Any]:
-    """A factory of the dataset under test: one ``PackedDataset``, or a mixture of two over the same store."""
+    """A factory of the dataset under test: one ``PackedDataset``, or a mixture of two disjoint splits of the store."""
     def build(**kw: Any) -> Any:
         if request.param == "packed":
             return PackedDataset(store, seq_len=6, shuffle="global", seed=3, cache_dir=False, **kw)
-        sources = [PackedDataset(store, seq_len=6, shuffle="global", seed=seed, cache_dir=False) for seed in (3, 4)]
+        sources = [PackedDataset(store, seq_len=6, shuffle="global", seed=seed, cache_dir=False, split=split)
+                   for seed, split in ((3, "train[:50%]"), (4, "train[50%:]"))]
         return MixedDataset(sources, weights=(0.6, 0.4), seed=5, **kw)
     return build
 

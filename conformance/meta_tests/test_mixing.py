@@ -1,4 +1,4 @@
-"""Meta tests: reference.mixing obeys MIX-1..MIX-12.
+"""Meta tests: reference.mixing obeys MIX-1..MIX-12 and MIX-15..MIX-19.
 
 The oracles here are written independently of the reference: round robin
 as closed forms and sorted index tuples, weighted streams as a plain
@@ -28,12 +28,22 @@ from reference.mixing import (
     MixState,
     StreamConfig,
     balance_remaining,
+    check_distinct_sources,
     choose_weighted,
     initial_state,
     mix,
     mix_streams,
     next_item,
+    repeated_rows,
     stream_counts,
+)
+from reference.packing import PackingConfig
+from reference.resume import (
+    MixtureConfig,
+    MixtureReferenceLoader,
+    PipelineConfig,
+    corpus_fingerprint,
+    mixture_fingerprint,
 )
 
 sizes_st = st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=4)
@@ -552,3 +562,98 @@ def test_batch_size_dependent_batching_methods_are_refused_with_the_reason(metho
         mix_streams([3, 2], [StreamConfig(), StreamConfig()], seed=0, epoch=0, batching_method=method)
     assert_raises_typed(ConfigError, mix_streams, [3, 2], [StreamConfig(), StreamConfig()], 0, 0,
                         batching_method="balanced", clause="MIX-16", what="unknown method", mentions=["'balanced'"])
+
+
+# ---------------------------------------------------------------- what a mixture refuses (MIX-17, MIX-18), shares (MIX-19)
+
+
+@pytest.mark.clause("MIX-17")
+@given(sources=st.lists(st.tuples(st.sampled_from(["web", "code"]), st.integers(0, 12), st.integers(0, 12)),
+                        min_size=1, max_size=4))
+def test_repeated_rows_are_exactly_the_pairs_of_sources_sharing_a_document(sources):
+    identities = [(data, range(a, b)) for data, a, b in sources]
+    oracle = [(i, j, sorted(set(identities[i][1]) & set(identities[j][1])))
+              for i, j in itertools.combinations(range(len(identities)), 2)
+              if identities[i][0] == identities[j][0] and set(identities[i][1]) & set(identities[j][1])]
+    got = [(i, j, list(rows)) for i, j, rows in repeated_rows(identities)]
+    assert_equal(got, oracle, clause="MIX-17", what="pairs reading a document twice", repro={"sources": sources})
+    if oracle:
+        i, j, shared = oracle[0]
+        assert_raises_typed(ConfigError, check_distinct_sources, identities, clause="MIX-17", what="repeated rows",
+                            mentions=[f"sources[{i}]", f"sources[{j}]", "allow_repeat=True", f"{len(shared)} documents"])
+    else:
+        check_distinct_sources(identities)
+    check_distinct_sources(identities, allow_repeat=True)
+
+
+@pytest.mark.clause("MIX-17")
+def test_a_reference_mixture_refuses_a_corpus_twice_and_overlapping_splits_unless_allow_repeat():
+    corpus = [[[d, d + 1] for d in range(1, 14)]]
+    other = [[[d, d + 2] for d in range(100, 104)]]
+    p = PackingConfig(seq_len=2)
+    whole = PipelineConfig(packing=p)
+    head, tail = PipelineConfig(packing=p, split="train[:60%]"), PipelineConfig(packing=p, split="train[50%:]")
+    assert_raises_typed(ConfigError, MixtureReferenceLoader, [corpus, corpus], MixtureConfig(sources=(whole, whole)),
+                        clause="MIX-17", what="one corpus twice", mentions=["same source", "13 documents", "sources[1]"])
+    assert_raises_typed(ConfigError, MixtureReferenceLoader, [other, corpus, corpus],
+                        MixtureConfig(sources=(whole, head, tail)), clause="MIX-17", what="overlapping splits",
+                        mentions=["sources[1] (rows [0, 8))", "sources[2] (rows [6, 13))", "rows [6, 8) (2 documents)"])
+    disjoint = MixtureReferenceLoader([corpus, corpus], MixtureConfig(sources=(head, PipelineConfig(packing=p,
+                                      split="train[60%:]"))))
+    check(len(disjoint.samples(0)) > 0, clause="MIX-17", what="disjoint splits of one corpus are a mixture")
+    allowed = MixtureConfig(sources=(head, tail), allow_repeat=True)
+    loader = MixtureReferenceLoader([corpus, corpus], allowed)
+    assert_equal(loader.fingerprint, mixture_fingerprint([corpus_fingerprint(corpus)] * 2,
+                                                         MixtureConfig(sources=(head, tail))),
+                 clause="MIX-17", what="allow_repeat=True leaves the fingerprint as it was")
+    assert_raises_typed(ConfigError, MixtureConfig, sources=(head, tail), allow_repeat=1, clause="MIX-17",
+                        what="allow_repeat=1", mentions=["True or False"])
+
+
+@pytest.mark.clause("MIX-18")
+@given(sizes=st.lists(st.integers(0, 9), min_size=2, max_size=4), data=st.data(), seed=st.integers(0, 2**64 - 1),
+       epoch=st.integers(0, 3))
+def test_a_zero_weight_source_leaves_the_first_exhausted_stream_of_the_others_unchanged(sizes, data, seed, epoch):
+    weights = data.draw(st.lists(st.sampled_from([0.25, 1.0, 3.0]), min_size=len(sizes), max_size=len(sizes)))
+    z = data.draw(st.integers(0, len(sizes) - 1))
+    zeroed = tuple(0.0 if i == z else w for i, w in enumerate(weights))
+    assume(any(zeroed))
+    rest = tuple(w for i, w in enumerate(weights) if i != z)
+    with_zero = mix(sizes, MixConfig(weights=zeroed, seed=seed), epoch)
+    without = mix([n for i, n in enumerate(sizes) if i != z], MixConfig(weights=rest, seed=seed), epoch)
+    assert_equal(with_zero, [(s + (s >= z), j) for s, j in without], clause="MIX-18",
+                 what=f"stream with source {z} at weight 0 against the stream without it",
+                 repro={"sizes": sizes, "weights": zeroed, "seed": seed, "epoch": epoch})
+    p = PipelineConfig(packing=PackingConfig(seq_len=2))
+    assert_raises_typed(ConfigError, MixtureConfig, sources=(p,) * len(sizes), mixing=MixConfig(weights=zeroed, seed=seed),
+                        clause="MIX-18", what=f"weights={zeroed}",
+                        mentions=[f"weights[{z}]=0", f"drop sources[{z}]", "sample for sample"])
+
+
+@pytest.mark.clause("MIX-18")
+@pytest.mark.parametrize("stopping", STOPPING_STRATEGIES)
+def test_a_reference_mixture_refuses_a_zero_weight_under_every_stopping_strategy(stopping):
+    p = PipelineConfig(packing=PackingConfig(seq_len=2))
+    error = assert_raises_typed(ConfigError, MixtureConfig, sources=(p, p),
+                                mixing=MixConfig(weights=(1.0, 0.0), stopping=stopping), clause="MIX-18",
+                                what=f"weights=(1, 0) under {stopping}", mentions=["weights[1]=0", "drop sources[1]"])
+    check("all_exhausted'" not in str(error).split("drop")[1], clause="MIX-18",
+          what="the message offers stopping='all_exhausted', which refuses a zero weight too")
+    MixtureConfig(sources=(p, p), mixing=MixConfig(weights=(1.0, 0.0), stopping=stopping), weight_fn=balance_remaining)
+
+
+@pytest.mark.clause("MIX-19")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_weight_is_the_epoch_share_under_first_exhausted_but_the_size_share_under_all_exhausted(seed):
+    sizes, weights = [400, 100], (0.5, 0.5)
+    first = mix(sizes, MixConfig(weights=weights, stopping="first_exhausted", seed=seed), 0)
+    every = mix(sizes, MixConfig(weights=weights, stopping="all_exhausted", seed=seed), 0)
+    share = sum(s == 0 for s, _ in first) / len(first)
+    check(abs(share - 0.5) <= 4 * math.sqrt(0.25 / len(first)), clause="MIX-19",
+          what=f"first_exhausted: source 0 holds {share:.3f} of {len(first)} samples, weight share 0.5")
+    assert_equal(sum(s == 0 for s, _ in every) / len(every), 0.8, clause="MIX-19",
+                 what="all_exhausted: source 0's share is its size share 400/500, whatever the weights")
+    ran_out = max(t for t, (s, _) in enumerate(every) if s == 1) + 1
+    assert_equal(every[:ran_out], first[:ran_out], clause="MIX-19",
+                 what="all_exhausted draws as first_exhausted until source 1 runs out")
+    check(all(s == 0 for s, _ in every[ran_out:]), clause="MIX-19", what="after source 1 ran out, source 0 alone")

@@ -178,7 +178,7 @@ def mixtures(draw, *, max_sources: int = 3, stoppings=STOPPING_STRATEGIES):
                         for _ in range(k))
         mixing = MixConfig(seed=mixing.seed)
     return sources, MixtureConfig(sources=tuple(configs), mixing=mixing, end=draw(st.sampled_from(["drop_last", "pad", "even"])),
-                                  weight_fn=fn, streams=streams)
+                                  weight_fn=fn, streams=streams, allow_repeat=True)   # drawn corpora may coincide (MIX-17)
 
 
 def _old_fingerprint(corpus, config):

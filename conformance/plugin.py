@@ -10,6 +10,8 @@ What it adds:
   the loader under test; the ``loadspec_adapter`` fixture returns the adapter
   it builds, and skips a test marked ``capability(...)`` the loader lacks;
   ``loadspec_loader_spec`` is the spec itself (for the per-rank processes);
+  a loader chosen explicitly is checked at configure time
+  (``conformance.adapter.check_adapter``), each problem a usage error (exit 4);
 - the kit's hypothesis budget (``conformance.budget``, chosen by
   ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` by default, ``thorough``, ``dev``),
   applied to tests inside the ``conformance`` package only;
@@ -53,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "capability(*names): adapter capabilities the test needs; skipped when absent")
     config.addinivalue_line("markers", "gloo: multi-process torch.distributed (gloo) test")
     config.addinivalue_line("markers", "processes: one process per rank (conformance.ranks)")
+    explicit = config.getoption("--loadspec-loader") or os.environ.get(LOADER_ENV)
+    if explicit and not config.getoption("help", False):
+        check_chosen_loader(config, explicit)
 
 
 def loader_spec(config: pytest.Config) -> str:
@@ -69,7 +74,34 @@ def load_adapter(spec: str) -> Any:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise pytest.UsageError(f"--loadspec-loader {spec!r} could not be imported: {exc}") from exc
-    return factory()
+    try:
+        return factory()
+    except Exception as exc:
+        raise pytest.UsageError(f"--loadspec-loader {spec!r}: calling {attr}() raised "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+
+def check_chosen_loader(config: pytest.Config, spec: str) -> None:
+    """Load the chosen adapter and check it (``conformance.adapter.check_adapter``); any problem is a usage error.
+
+    Why at configure time: an adapter that breaks the protocol would otherwise
+    fail every test with the same ``AttributeError`` or hypothesis error, read
+    as the loader failing the kit; a usage error (exit code 4) names each
+    problem once, before any test runs. Only for a loader chosen explicitly
+    (``--loadspec-loader`` or ``$LOADSPEC_LOADER``): a host project that merely
+    has the plugin installed pays nothing. It costs one import and one tiny
+    loader built on 32 tokens.
+    """
+    import tempfile
+
+    from conformance.adapter import AdapterError, check_adapter
+
+    adapter = load_adapter(spec)
+    with tempfile.TemporaryDirectory(prefix="loadspec-check-") as workdir:
+        try:
+            check_adapter(adapter, workdir=Path(workdir))
+        except AdapterError as exc:
+            raise pytest.UsageError(f"--loadspec-loader {spec}: {exc}") from exc
 
 
 def _runs_kit(config: pytest.Config) -> bool:

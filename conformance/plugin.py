@@ -11,7 +11,8 @@ What it adds:
   it builds, and skips a test marked ``capability(...)`` the loader lacks;
   ``loadspec_loader_spec`` is the spec itself (for the per-rank processes);
   a loader chosen explicitly is checked at configure time
-  (``conformance.adapter.check_adapter``), each problem a usage error (exit 4);
+  (``conformance.adapter.check_adapter``), each problem a usage error (exit 4),
+  and its package is also looked for in the directory pytest was run from;
 - the kit's hypothesis budget (``conformance.budget``, chosen by
   ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` by default, ``thorough``, ``dev``),
   applied to tests inside the ``conformance`` package only;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -64,14 +66,28 @@ def loader_spec(config: pytest.Config) -> str:
     return config.getoption("--loadspec-loader") or os.environ.get(LOADER_ENV) or DEFAULT_LOADER
 
 
-def load_adapter(spec: str) -> Any:
-    """Import ``module:factory`` and call the factory; errors name the fix."""
+def load_adapter(spec: str, *, search_dir: Path | None = None) -> Any:
+    """Import ``module:factory`` and call the factory; errors name the fix.
+
+    ``search_dir`` (the plugin passes the directory pytest was run from): when
+    the module's top-level package is on no ``sys.path`` entry, it is looked
+    for there, and that directory is *appended* to ``sys.path`` if it holds it.
+    Why a guest may do this: the user named this module on the command line,
+    the README runs ``pytest`` from the adapter's directory, and the ``pytest``
+    script (unlike ``python -m pytest``) does not put that directory on the
+    path; appending only after the import failed, for the package the user
+    named, shadows nothing the host imports, and keeping it there lets the
+    adapter's lazy imports and the per-rank processes (``conformance.ranks``
+    passes ``sys.path`` on) find the package too. When the directory does not
+    hold it either, the error says where to run from or what to put on
+    ``PYTHONPATH``.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise pytest.UsageError(f"--loadspec-loader {spec!r}: write it as module:factory, "
                                 "e.g. conformance.adapters.reference:adapter")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        factory = getattr(_import_adapter_module(module_name, search_dir), attr)
     except (ImportError, AttributeError) as exc:
         raise pytest.UsageError(f"--loadspec-loader {spec!r} could not be imported: {exc}") from exc
     try:
@@ -79,6 +95,25 @@ def load_adapter(spec: str) -> Any:
     except Exception as exc:
         raise pytest.UsageError(f"--loadspec-loader {spec!r}: calling {attr}() raised "
                                 f"{type(exc).__name__}: {exc}") from exc
+
+
+def _import_adapter_module(module_name: str, search_dir: Path | None) -> Any:
+    top = module_name.split(".")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != top:
+            raise
+        directory = str(Path(search_dir or Path.cwd()).resolve())
+        holds = (Path(directory) / top).is_dir() or (Path(directory) / f"{top}.py").is_file()
+        if search_dir is None or not holds or directory in sys.path:
+            raise ModuleNotFoundError(
+                f"No module named {top!r}, on sys.path or in {directory}: run pytest from the directory that holds "
+                f"{top}/ (or {top}.py), or put that directory on the path: PYTHONPATH=/path/to/it pytest ...",
+                name=top) from exc
+    sys.path.append(directory)
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
 
 
 def check_chosen_loader(config: pytest.Config, spec: str) -> None:
@@ -96,7 +131,7 @@ def check_chosen_loader(config: pytest.Config, spec: str) -> None:
 
     from conformance.adapter import AdapterError, check_adapter
 
-    adapter = load_adapter(spec)
+    adapter = load_adapter(spec, search_dir=config.invocation_params.dir)
     with tempfile.TemporaryDirectory(prefix="loadspec-check-") as workdir:
         try:
             check_adapter(adapter, workdir=Path(workdir))

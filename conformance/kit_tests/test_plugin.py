@@ -9,6 +9,8 @@ without hypothesis is simulated by a module that refuses to import).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -193,3 +195,33 @@ def test_an_adapter_yielding_plain_dict_batches_is_a_usage_error_naming_the_expe
     assert ("expected a conformance.adapter.CanonicalRow "
             "(epoch, sample_index, input_ids, labels, position_ids, doc_ids, token_offsets)") in output
     assert "AttributeError" not in output
+
+
+def _pytest_script(cwd: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    """``pytest ARGS`` as the README runs it: the console script, which (unlike ``python -m pytest``, and unlike
+    pytester, which puts its directory on ``PYTHONPATH``) does not put the working directory on ``sys.path``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", **env_vars)
+    env.pop("LOADSPEC_LOADER", None)
+    return subprocess.run([sys.executable, "-P", "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+                           *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_readme_command_run_from_the_adapters_directory_finds_the_adapter_and_runs_the_kit(
+        pytester: pytest.Pytester) -> None:
+    project = _adapter_package(pytester.path / "project")
+    done = _pytest_script(project, "--pyargs", "conformance.tests", "--loadspec-loader", "mypkg.adapter:adapter",
+                          "-k", "test_every_input_and_label_is_the_corpus_token_its_provenance_names",
+                          "-p", "no:randomly", LOADSPEC_HYPOTHESIS_PROFILE="dev")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "loadspec: loader under test tiny-loader 1.0 (mypkg.adapter:adapter)" in done.stdout
+    assert "1 passed" in done.stdout
+
+
+def test_an_adapter_package_found_nowhere_is_a_usage_error_saying_where_to_run_from(pytester: pytest.Pytester) -> None:
+    _adapter_package(pytester.path / "project")
+    elsewhere = pytester.mkdir("elsewhere")
+    done = _pytest_script(elsewhere, "--pyargs", "conformance.tests", "--loadspec-loader", "mypkg.adapter:adapter",
+                          "--collect-only", "-q")
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "run pytest from the directory that holds mypkg/ (or mypkg.py)" in done.stderr
+    assert "PYTHONPATH=" in done.stderr

@@ -60,17 +60,24 @@ a complete, tested one)::
     def adapter():
         return MyAdapter()
 
-and is selected with ``pytest --pyargs conformance.tests --loadspec-loader mypkg.adapter:adapter``.
+and is selected with ``pytest --pyargs conformance.tests --loadspec-loader mypkg.adapter:adapter``,
+run from the directory that holds ``mypkg/``. The plugin checks it before
+any test runs (:func:`check_adapter`: members, capability names, the shape
+of a first batch); each problem is a pytest usage error that names it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from reference.errors import LoadspecError
+from reference.errors import ConfigError, LoadspecError
 from reference.resume import Corpus, PipelineConfig, Row, Topology
 
 CAPABILITIES = frozenset({
@@ -130,6 +137,10 @@ class LoaderAdapter(Protocol):
     capabilities: frozenset[str]
 
     def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> LoaderUnderTest: ...
+
+
+REQUIRED_MEMBERS = ("name", "capabilities", "build")
+"""The members :class:`LoaderAdapter` declares: what :func:`check_adapter` requires of every adapter."""
 
 
 def position(adapter: Any, state: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -210,3 +221,177 @@ def required_capabilities(config: PipelineConfig, topology: Topology | None = No
         if topology.num_workers > 0:
             needed.add("workers")
     return needed
+
+
+# --------------------------------------------------------------------------- checking an adapter before any test
+
+
+class AdapterError(ConfigError):
+    """An adapter that does not meet the protocol above; the message names every problem found and its fix."""
+
+
+PROBE_CORPUS: Corpus = [[list(range(1, 17)), list(range(17, 33))]]
+"""The corpus :func:`check_adapter` builds on: one file of two 16-token documents (a few samples in every mode)."""
+
+_FAMILIES = {
+    "ordering": (("ordering:sequential", "ordering:global", "ordering:window", "ordering:buffer", "shuffle:seeded"),
+                 "order"),
+    "packing": (("packing:concat", "packing:chunk", "packing:greedy", "packing:first_fit", "packing:best_fit",
+                 "packing:none"), "packing mode"),
+    "end": (("end:drop_last", "end:pad", "end:even"), "end-of-epoch policy"),
+}
+
+
+def check_adapter(adapter: Any, *, workdir: Path) -> None:
+    """Raise :class:`AdapterError` naming every way ``adapter`` breaks the protocol, before any test runs.
+
+    Why: an adapter with a misspelt capability, a missing member or batches in
+    the loader's own format otherwise fails deep inside the tests (a hypothesis
+    ``InvalidArgument`` or an ``AttributeError`` on every example), which reads
+    as the loader failing the kit. Three checks, in order, each only when the
+    one before passed: the members (:data:`REQUIRED_MEMBERS`, with ``build``
+    taking ``(corpus, config, topology, *, workdir)``); the capabilities (each
+    in :data:`CAPABILITIES`, and at least one order, packing mode and end
+    policy, without which no config can be drawn); and one batch of a loader
+    built on :data:`PROBE_CORPUS` with the first config the adapter declares
+    (:func:`probe_case`), which must be a list of :class:`CanonicalRow`.
+    The batch is not checked when the adapter needs a process group
+    (``process_group = True``: the per-rank harness builds it), calls the case
+    unsupported, or its ``build`` or loader raises: the tests grade that, with
+    a reproduction. The loader is built once, on 32 tokens.
+
+    >>> class Misspelt:
+    ...     name, capabilities = "mine", frozenset({"ordering:sequential", "packing:concatt", "end:drop_last"})
+    ...     def build(self, corpus, config, topology, *, workdir): ...
+    >>> check_adapter(Misspelt(), workdir=Path("."))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    conformance.adapter.AdapterError: ...'packing:concatt' is not a capability (did you mean 'packing:concat'?)...
+    """
+    problems = _member_problems(adapter)
+    if not problems:
+        problems = _capability_problems(adapter.capabilities)
+    if not problems:
+        problems = _batch_problems(adapter, workdir)
+    if problems:
+        raise AdapterError(f"adapter {_describe(adapter)} does not meet conformance.adapter's protocol:\n"
+                           + "\n".join(f"  - {p}" for p in problems))
+
+
+def _describe(adapter: Any) -> str:
+    name = getattr(adapter, "name", None)
+    kind = f"{type(adapter).__module__}.{type(adapter).__qualname__}"
+    return f"{name!r} ({kind})" if isinstance(name, str) else kind
+
+
+def _member_problems(adapter: Any) -> list[str]:
+    problems = [f"it has no {m!r}: {_MEMBER_HINTS[m]}" for m in REQUIRED_MEMBERS if not hasattr(adapter, m)]
+    name = getattr(adapter, "name", "")
+    if not isinstance(name, str):
+        problems.append(f"'name' is a {type(name).__name__}, expected a str")
+    caps = getattr(adapter, "capabilities", frozenset())
+    if not isinstance(caps, AbstractSet) or not all(isinstance(c, str) for c in caps):
+        problems.append(f"'capabilities' is {caps!r}, expected a frozenset of str, e.g. {_EXAMPLE_CAPS}")
+    build = getattr(adapter, "build", None)
+    if build is not None and not callable(build):
+        problems.append(f"'build' is a {type(build).__name__}, expected a method")
+    elif build is not None:
+        try:
+            inspect.signature(build).bind(PROBE_CORPUS, None, None, workdir=Path("."))
+        except TypeError:
+            problems.append(f"'build{inspect.signature(build)}' cannot be called as "
+                            "build(corpus, config, topology, *, workdir)")
+        except ValueError:  # no signature to read (a builtin): the tests will tell
+            pass
+    return problems
+
+
+_EXAMPLE_CAPS = "frozenset({'resume', 'ordering:sequential', 'packing:concat', 'end:drop_last'})"
+_MEMBER_HINTS = {
+    "name": "a str naming the loader in reports, e.g. name = 'my-loader'",
+    "capabilities": f"the frozenset of conformance.adapter.CAPABILITIES it supports, e.g. {_EXAMPLE_CAPS}",
+    "build": "build(self, corpus, config, topology, *, workdir) returning one rank's loader, "
+             "e.g. RowLoader(my_loader, to_rows)",
+}
+
+
+def _capability_problems(caps: AbstractSet[str]) -> list[str]:
+    problems = []
+    for cap in sorted(set(caps) - CAPABILITIES):
+        near = difflib.get_close_matches(cap, sorted(CAPABILITIES), n=1)
+        problems.append(f"{cap!r} is not a capability" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    for names, what in _FAMILIES.values():
+        if not set(names) & set(caps):
+            problems.append(f"it declares no {what} (one of {', '.join(names)}), so the kit can draw no config for it")
+    if problems:
+        problems.append(f"valid capabilities: {', '.join(sorted(CAPABILITIES))}")
+    return problems
+
+
+def probe_case(caps: AbstractSet[str]) -> tuple[PipelineConfig, Topology]:
+    """The first config and topology the adapter declares, in the families' order: what :func:`check_adapter` builds.
+
+    >>> config, topology = probe_case({"shuffle:seeded", "packing:chunk", "end:pad"})
+    >>> config.ordering.kind, config.packing.mode, config.end, topology.batch_size
+    ('global', 'chunk', 'pad', 2)
+    """
+    from reference.ordering import OrderingConfig
+    from reference.packing import PackingConfig
+
+    order, mode, end = (next(n for n in names if n in caps).split(":")[1] for names, _ in _FAMILIES.values())
+    config = PipelineConfig(ordering=OrderingConfig(kind="global" if order == "seeded" else order),  # type: ignore[arg-type]
+                            packing=PackingConfig(seq_len=4, mode=mode), end=end)  # type: ignore[arg-type]
+    return config, Topology(world_size=1, rank=0, batch_size=2)
+
+
+def _batch_problems(adapter: Any, workdir: Path) -> list[str]:
+    if getattr(adapter, "process_group", False):
+        return []
+    config, topology = probe_case(adapter.capabilities)
+    loader = None
+    try:
+        if unsupported(adapter, PROBE_CORPUS, config, topology):
+            return []
+        loader = adapter.build(PROBE_CORPUS, config, topology, workdir=Path(workdir))
+        problems = [f"build(...) returned a loader without {m}() though the adapter declares 'resume'"
+                    for m in ("state_dict", "load_state_dict")
+                    if "resume" in adapter.capabilities and not callable(getattr(loader, m, None))]
+        if not hasattr(loader, "__iter__"):
+            return [*problems, (f"build(...) returned a {type(loader).__name__}, which cannot be iterated; expected "
+                                "a loader yielding one list of CanonicalRow per step, e.g. RowLoader(my_loader, to_rows)")]
+        batch = next(iter(loader), None)
+    except Exception:  # noqa: BLE001 - a build or loader that raises is the tests' to grade, with a reproduction
+        return []
+    finally:
+        if loader is not None:
+            with contextlib.suppress(Exception):  # so is a close() that raises
+                close(loader)
+    return problems + _shape_problems(batch, config, topology)
+
+
+_ROW_FIELDS = ", ".join(f.name for f in fields(CanonicalRow))
+_ROW_FIX = ("convert each batch in the adapter: RowLoader(my_loader, to_rows), where to_rows turns one batch into "
+            "a list of rows (conformance.provenance.row_from_columns makes a row from a dict of its columns)")
+
+
+def _shape_problems(batch: Any, config: PipelineConfig, topology: Topology) -> list[str]:
+    """What is wrong with the first batch: the type found against ``list[CanonicalRow]``, naming the fix."""
+    where = (f"the first batch (PROBE_CORPUS, ordering {config.ordering.kind!r}, packing {config.packing.mode!r} "
+             f"seq_len {config.packing.seq_len}, end {config.end!r}, batch_size {topology.batch_size})")
+    if batch is None:
+        return []
+    if not isinstance(batch, (list, tuple)):
+        found = type(batch).__name__ + (f" with keys {sorted(map(str, batch))}" if isinstance(batch, Mapping) else "")
+        return [f"{where} is a {found}; expected a list of CanonicalRow ({_ROW_FIELDS}), one per sample: {_ROW_FIX}"]
+    for i, row in enumerate(batch):
+        if not isinstance(row, CanonicalRow):
+            found = type(row).__name__ + (f" with keys {sorted(map(str, row))}" if isinstance(row, Mapping) else "")
+            return [(f"row {i} of {where} is a {found}; expected a conformance.adapter.CanonicalRow "
+                     f"({_ROW_FIELDS}): {_ROW_FIX}")]
+        bad = [f.name for f in fields(row) if not isinstance(getattr(row, f.name), int if f.name in
+               ("epoch", "sample_index") else tuple)]
+        if bad:
+            return [(f"row {i} of {where} has {', '.join(f'{n}={getattr(row, n)!r}' for n in bad)}; expected "
+                     "epoch and sample_index ints and the other fields tuples of ints (CanonicalRow.from_reference "
+                     "and row_from_columns make them)")]
+    return []

@@ -10,6 +10,9 @@ What it adds:
   the loader under test; the ``loadspec_adapter`` fixture returns the adapter
   it builds, and skips a test marked ``capability(...)`` the loader lacks;
   ``loadspec_loader_spec`` is the spec itself (for the per-rank processes);
+  a loader chosen explicitly is checked at configure time
+  (``conformance.adapter.check_adapter``), each problem a usage error (exit 4),
+  and its package is also looked for in the directory pytest was run from;
 - the kit's hypothesis budget (``conformance.budget``, chosen by
   ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` by default, ``thorough``, ``dev``),
   applied to tests inside the ``conformance`` package only;
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -53,23 +57,86 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "capability(*names): adapter capabilities the test needs; skipped when absent")
     config.addinivalue_line("markers", "gloo: multi-process torch.distributed (gloo) test")
     config.addinivalue_line("markers", "processes: one process per rank (conformance.ranks)")
+    explicit = config.getoption("--loadspec-loader") or os.environ.get(LOADER_ENV)
+    if explicit and not config.getoption("help", False):
+        check_chosen_loader(config, explicit)
 
 
 def loader_spec(config: pytest.Config) -> str:
     return config.getoption("--loadspec-loader") or os.environ.get(LOADER_ENV) or DEFAULT_LOADER
 
 
-def load_adapter(spec: str) -> Any:
-    """Import ``module:factory`` and call the factory; errors name the fix."""
+def load_adapter(spec: str, *, search_dir: Path | None = None) -> Any:
+    """Import ``module:factory`` and call the factory; errors name the fix.
+
+    ``search_dir`` (the plugin passes the directory pytest was run from): when
+    the module's top-level package is on no ``sys.path`` entry, it is looked
+    for there, and that directory is *appended* to ``sys.path`` if it holds it.
+    Why a guest may do this: the user named this module on the command line,
+    the README runs ``pytest`` from the adapter's directory, and the ``pytest``
+    script (unlike ``python -m pytest``) does not put that directory on the
+    path; appending only after the import failed, for the package the user
+    named, shadows nothing the host imports, and keeping it there lets the
+    adapter's lazy imports and the per-rank processes (``conformance.ranks``
+    passes ``sys.path`` on) find the package too. When the directory does not
+    hold it either, the error says where to run from or what to put on
+    ``PYTHONPATH``.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise pytest.UsageError(f"--loadspec-loader {spec!r}: write it as module:factory, "
                                 "e.g. conformance.adapters.reference:adapter")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        factory = getattr(_import_adapter_module(module_name, search_dir), attr)
     except (ImportError, AttributeError) as exc:
         raise pytest.UsageError(f"--loadspec-loader {spec!r} could not be imported: {exc}") from exc
-    return factory()
+    try:
+        return factory()
+    except Exception as exc:
+        raise pytest.UsageError(f"--loadspec-loader {spec!r}: calling {attr}() raised "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+
+def _import_adapter_module(module_name: str, search_dir: Path | None) -> Any:
+    top = module_name.split(".")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != top:
+            raise
+        directory = str(Path(search_dir or Path.cwd()).resolve())
+        holds = (Path(directory) / top).is_dir() or (Path(directory) / f"{top}.py").is_file()
+        if search_dir is None or not holds or directory in sys.path:
+            raise ModuleNotFoundError(
+                f"No module named {top!r}, on sys.path or in {directory}: run pytest from the directory that holds "
+                f"{top}/ (or {top}.py), or put that directory on the path: PYTHONPATH=/path/to/it pytest ...",
+                name=top) from exc
+    sys.path.append(directory)
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
+
+
+def check_chosen_loader(config: pytest.Config, spec: str) -> None:
+    """Load the chosen adapter and check it (``conformance.adapter.check_adapter``); any problem is a usage error.
+
+    Why at configure time: an adapter that breaks the protocol would otherwise
+    fail every test with the same ``AttributeError`` or hypothesis error, read
+    as the loader failing the kit; a usage error (exit code 4) names each
+    problem once, before any test runs. Only for a loader chosen explicitly
+    (``--loadspec-loader`` or ``$LOADSPEC_LOADER``): a host project that merely
+    has the plugin installed pays nothing. It costs one import and one tiny
+    loader built on 32 tokens.
+    """
+    import tempfile
+
+    from conformance.adapter import AdapterError, check_adapter
+
+    adapter = load_adapter(spec, search_dir=config.invocation_params.dir)
+    with tempfile.TemporaryDirectory(prefix="loadspec-check-") as workdir:
+        try:
+            check_adapter(adapter, workdir=Path(workdir))
+        except AdapterError as exc:
+            raise pytest.UsageError(f"--loadspec-loader {spec}: {exc}") from exc
 
 
 def _runs_kit(config: pytest.Config) -> bool:

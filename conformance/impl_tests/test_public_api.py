@@ -26,3 +26,28 @@ def test_every_name_the_readme_imports_from_impl_is_exported():
     assert imported, "the README shows no `from impl import ...` snippet"
     missing = sorted(imported - set(impl.__all__))
     assert not missing, f"the README imports {missing} from impl, but impl.__all__ does not export them"
+
+
+def _readme_block(heading: str) -> str:
+    """The first ```python block after ``heading`` in the README, as a user would paste it."""
+    text = README.read_text(encoding="utf-8")
+    after = text[text.index(heading):]
+    return after.split("```python\n", 1)[1].split("```\n", 1)[0]
+
+
+def test_the_readmes_training_snippet_runs_as_pasted_and_resumes_from_the_checkpoint_it_writes(tmp_path):
+    """The snippet creates ``ckpt/`` itself; run it on 30 KJV chapters in ``data/``, then again to resume."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "fixtures").symlink_to(README.parent / "fixtures")
+    (tmp_path / "data").mkdir()
+    lines = (README.parent / "fixtures" / "data" / "kjv_chapters.jsonl").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "data" / "kjv.jsonl").write_text("\n".join(lines[:30]) + "\n", encoding="utf-8")
+    (tmp_path / "train.py").write_text(_readme_block("## Using it in training"), encoding="utf-8")
+    for run in ("first", "resumed"):
+        done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"the {run} run of the README's training snippet failed:\n{done.stderr[-3000:]}"
+        state = json.loads((tmp_path / "ckpt" / "loader.json").read_text())
+        assert state["format"] == "loadspec.state" and state["epoch"] == 1, f"after the {run} run: {state}"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,29 @@ def store_dir(tmp_path_factory):
                      "--num-proc", "1"])
     assert code == 0
     return root / "store"
+
+
+REPO = Path(__file__).resolve().parents[2]
+TORCH_PROBE = """
+import sys
+from impl import cli
+try:
+    cli.main(sys.argv[1:])
+except SystemExit:
+    pass
+print("TORCH_IMPORTED", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["preview", "--help"], ["check", "store", "--seq-len", "0"],
+                                  ["preview", "store", "--seq-len", "8", "--bucket", "2,4"], ["frobnicate"]],
+                         ids=["help", "command-help", "bad-value", "bad-bucket", "bad-command"])
+def test_help_and_usage_errors_answer_without_importing_torch(argv):
+    done = subprocess.run([sys.executable, "-c", TORCH_PROBE, *argv], check=False, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    check("usage: loadspec" in done.stdout + done.stderr, clause="RES-3", what=f"no usage text: {done.stderr[-500:]!r}")
+    assert_equal(done.stdout.strip().splitlines()[-1], "TORCH_IMPORTED False", clause="RES-3",
+                 what=f"torch imported by `loadspec {' '.join(argv)}`")
 
 
 @pytest.mark.clause("PACK-6")

@@ -1,19 +1,24 @@
-"""A build's progress bar has a total, a rate and an ETA, for directories of JSON Lines / txt too.
+"""A build's progress bar has a total, a rate and an ETA, for directories of JSON Lines / txt and for the HF path.
 
 Why bytes for directories: a JSON Lines or txt file's document count is
 known only once it is read, but the sum of the file sizes is a stat per file,
-so the bar counts bytes of the source's files against that sum.
+so the bar counts bytes of the source's files against that sum. The HF path
+knows its row count (``len`` of the split) and counts documents.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import re
 
+import datasets
+import pytest
 from tqdm import tqdm
 
 from fixtures import generators
 from impl import cli
+from impl.hf import tokenize_split
 from impl.store import TokenStore
 
 BAR = re.compile(r"tokenizing: +(\d+)%\|[^|]*\| *([\d.]+[kMG]?)/([\d.]+[kMG]?) \[[\d:]+<[\d:?]+, *[\d.]+ ?([kMG]?)(\w+)/s\]")
@@ -59,3 +64,22 @@ def test_a_gzipped_directory_build_counts_compressed_bytes_to_the_total(tmp_path
     total = tqdm.format_sizeof(size, divisor=1024)
     assert (bar.group(1), bar.group(2), bar.group(3)) == ("100", total, total), (
         f"final bar {bar.group(0)!r} is not 100% of the {size} compressed bytes")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "log-file"])
+def test_the_hf_path_shows_documents_against_the_split_length_on_a_terminal_only(tmp_path, monkeypatch, terminal):
+    stderr = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr("sys.stderr", stderr)
+    split = datasets.Dataset.from_dict({"text": generators.load_corpus(limit=12)})
+    tokenize_split(split, generators.tokenizer_path(), tmp_path)
+    if not terminal:
+        assert stderr.getvalue() == "", f"an HF build wrote {stderr.getvalue()!r} to a stderr that is not a terminal"
+        return
+    bar = _final_bar(stderr.getvalue())
+    assert (bar.group(1), bar.group(2), bar.group(3), bar.group(5)) == ("100", "12", "12", "doc"), (
+        f"final bar {bar.group(0)!r} of an HF build of 12 rows")

@@ -3,43 +3,107 @@
 One import for what a training script uses; each name lives in the module
 of its concept (the module map in the README lists them in pipeline order).
 ``__all__`` is sorted and asserted by ``conformance/impl_tests/test_public_api.py``.
+
+Names are imported on first use (PEP 562 ``__getattr__``), so ``import impl.errors``
+(the ``loadspec`` command's ``--help`` and usage errors) does not pay for torch::
+
+    >>> import impl
+    >>> impl.ConfigError.__module__
+    'impl.errors'
 """
 
-from impl.bucketing import BufferSortedDataset
-from impl.collation import (
-    PaddingSide1D,
-    SampleBatch,
-    TokenPoolingType,
-    attention_mask,
-    collate,
-    cu_seqlens,
-    pad_stack_1d,
-    token_pooling_mask_from_attention_mask,
-)
-from impl.dataset import PackedDataset
-from impl.errors import (
-    ConfigError,
-    EmptyDataError,
-    LoadspecError,
-    SourceError,
-    SplitError,
-    StateError,
-    StoreCorruptError,
-    StoreError,
-    StoreNotFoundError,
-    StoreVersionError,
-    TokenizerError,
-    TopologyError,
-)
-from impl.evaluation import EvalBuildError, EvalDataset, build_eval_dataset
-from impl.hf import HuggingFaceDataset
-from impl.loader import ElasticLoader, build_dataloader
-from impl.mixing import MixedDataset, StreamConfig, balance_remaining, interleave_datasets
-from impl.partition import ElasticSampler, SampleKey, distributed_topology
-from impl.resume import Coverage, audit_coverage
-from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
-from impl.splits import SplitStore, select, slice_store, split_store
-from impl.store import BuildOptions, TokenStore
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from impl.bucketing import BufferSortedDataset
+    from impl.collation import (
+        PaddingSide1D,
+        SampleBatch,
+        TokenPoolingType,
+        attention_mask,
+        collate,
+        cu_seqlens,
+        pad_stack_1d,
+        token_pooling_mask_from_attention_mask,
+    )
+    from impl.dataset import PackedDataset
+    from impl.errors import (
+        ConfigError,
+        EmptyDataError,
+        LoadspecError,
+        SourceError,
+        SplitError,
+        StateError,
+        StoreCorruptError,
+        StoreError,
+        StoreNotFoundError,
+        StoreVersionError,
+        TokenizerError,
+        TopologyError,
+    )
+    from impl.evaluation import EvalBuildError, EvalDataset, build_eval_dataset
+    from impl.hf import HuggingFaceDataset
+    from impl.loader import ElasticLoader, build_dataloader
+    from impl.mixing import MixedDataset, StreamConfig, balance_remaining, interleave_datasets
+    from impl.partition import ElasticSampler, SampleKey, distributed_topology
+    from impl.resume import Coverage, audit_coverage
+    from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
+    from impl.splits import SplitStore, select, slice_store, split_store
+    from impl.store import BuildOptions, TokenStore
+
+_MODULE_OF = {
+    "BufferSortedDataset": "impl.bucketing",
+    "BuildOptions": "impl.store",
+    "ConfigError": "impl.errors",
+    "Coverage": "impl.resume",
+    "ElasticLoader": "impl.loader",
+    "ElasticSampler": "impl.partition",
+    "EmptyDataError": "impl.errors",
+    "EvalBuildError": "impl.evaluation",
+    "EvalDataset": "impl.evaluation",
+    "HuggingFaceDataset": "impl.hf",
+    "LoadspecError": "impl.errors",
+    "MixedDataset": "impl.mixing",
+    "PackedDataset": "impl.dataset",
+    "PaddingSide1D": "impl.collation",
+    "SampleBatch": "impl.collation",
+    "SampleKey": "impl.partition",
+    "ShardIndexingMode": "impl.sharding",
+    "ShardedDataset": "impl.sharding",
+    "SourceError": "impl.errors",
+    "SplitError": "impl.errors",
+    "SplitStore": "impl.splits",
+    "StateError": "impl.errors",
+    "StoreCorruptError": "impl.errors",
+    "StoreError": "impl.errors",
+    "StoreNotFoundError": "impl.errors",
+    "StoreVersionError": "impl.errors",
+    "StreamConfig": "impl.mixing",
+    "TokenPoolingType": "impl.collation",
+    "TokenStore": "impl.store",
+    "TokenizerError": "impl.errors",
+    "TopologyError": "impl.errors",
+    "attention_mask": "impl.collation",
+    "audit_coverage": "impl.resume",
+    "balance_remaining": "impl.mixing",
+    "build_dataloader": "impl.loader",
+    "build_eval_dataset": "impl.evaluation",
+    "collate": "impl.collation",
+    "cu_seqlens": "impl.collation",
+    "distributed_topology": "impl.partition",
+    "interleave_datasets": "impl.mixing",
+    "pad_stack_1d": "impl.collation",
+    "select": "impl.splits",
+    "shard_dataset_data_parallel": "impl.sharding",
+    "shard_token_store": "impl.sharding",
+    "slice_store": "impl.splits",
+    "split_store": "impl.splits",
+    "token_pooling_mask_from_attention_mask": "impl.collation",
+}
+
 
 __all__ = [
     "BufferSortedDataset",
@@ -90,3 +154,17 @@ __all__ = [
     "split_store",
     "token_pooling_mask_from_attention_mask",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines ``name`` on first use and cache the name here."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -6,20 +6,29 @@ anything?") should be answerable in one command, on the real data, before the
 first GPU hour is spent.
 
     loadspec build data/ store/ --tokenizer fixtures/tokenizer/gpt2
-    loadspec preview store/ --seq-len 2048 --packing best_fit -n 2
+    loadspec preview store/ --seq-len 2048 --packing best_fit -n 2 --split "train[:90%]"
     loadspec check store/ --seq-len 2048 --world-sizes 8,6,16 --resumes 5
+    loadspec check web/ code/ --weights 0.7 0.3 --stopping all_exhausted --seq-len 2048
+    loadspec preview store/ --seq-len 2048 --packing none --bucket 256,8
     loadspec demo
+
+Why every heavy import is inside a command: ``--help``, ``<command> --help``
+and a usage error must answer at once, so this module imports only the
+standard library, ``impl.errors`` and the stdlib-only ``reference`` parsers;
+torch and the datasets load when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from impl.errors import LoadspecError
+from reference.mixing import STOPPING_STRATEGIES
 
 
 def _int_at_least(low: int) -> Any:
@@ -51,8 +60,47 @@ def _world_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _split(text: str) -> str:
+    """``--split "train[:90%]"``: split notation as ``PackedDataset(split=...)`` takes it (checked here, resolved there)."""
+    from reference.errors import SplitError
+    from reference.splits import parse_bounds
+
+    try:
+        parse_bounds(text)
+    except SplitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _weight(text: str) -> float:
+    """One ``--weights`` entry: a finite number >= 0 (relative; the weights need not sum to 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; pass one relative weight per store, "
+                                         "e.g. --weights 0.7 0.3") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a weight must be a finite number >= 0, e.g. --weights 0.7 0.3")
+    return value
+
+
+def _bucket(text: str) -> tuple[int, int]:
+    """``--bucket BUFFER,PACK``: ``BufferSortedDataset(buffer_size=BUFFER, pack_size=PACK)``, PACK <= BUFFER."""
+    parts = [t.strip() for t in text.split(",")]
+    if len(parts) != 2 or not all(t.isdigit() and int(t) >= 1 for t in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BUFFER,PACK; pass two integers >= 1, e.g. --bucket 256,8 "
+                                         "(sort 256 samples at a time by length, in packs of 8)")
+    buffer_size, pack_size = int(parts[0]), int(parts[1])
+    if pack_size > buffer_size:
+        raise argparse.ArgumentTypeError(f"{text!r}: the pack size {pack_size} exceeds the buffer size {buffer_size}; "
+                                         "a pack is cut from one buffer, so pass PACK <= BUFFER, e.g. "
+                                         f"--bucket {pack_size},{pack_size} or --bucket {buffer_size},{buffer_size}")
+    return buffer_size, pack_size
+
+
 def _add_dataset_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", type=Path, help="a directory written by `loadspec build`")
+    p.add_argument("store", type=Path, nargs="+",
+                   help="a directory written by `loadspec build`; several stores are mixed (see --weights)")
     p.add_argument("--seq-len", type=_int_at_least(1), required=True)
     p.add_argument("--packing", default="concat", choices=["concat", "chunk", "greedy", "first_fit", "best_fit", "none"])
     p.add_argument("--shuffle", default="none", choices=["none", "global", "window"])
@@ -60,13 +108,91 @@ def _add_dataset_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pack-window", type=_int_at_least(1), default=1000, help="documents per bin-packing window")
     p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--epoch", type=_int_at_least(0), default=0)
+    p.add_argument("--split", type=_split, default=None,
+                   help='read only these documents of each store, e.g. "train[:90%%]" (PackedDataset split=)')
+    mix = p.add_argument_group("mixing several stores (MixedDataset)")
+    mix.add_argument("--weights", type=_weight, nargs="+", default=None,
+                     help="one relative weight per store, e.g. 0.7 0.3 (default: round robin)")
+    mix.add_argument("--stopping", default="first_exhausted", choices=list(STOPPING_STRATEGIES),
+                     help="when the mixed epoch ends (all_exhausted: every sample once)")
+    mix.add_argument("--mix-seed", type=_int_at_least(0), default=0, help="seed of the weighted draws")
+    p.add_argument("--bucket", type=_bucket, default=None, metavar="BUFFER,PACK",
+                   help="length bucketing (BufferSortedDataset): sort BUFFER samples at a time by length and serve "
+                        "them in shuffled packs of PACK, e.g. 256,8")
+
+
+def _check_dataset_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors that need two options at once (argparse checks one value at a time)."""
+    stores = len(args.store)
+    if args.weights is not None and len(args.weights) != stores:
+        parser.error(f"--weights has {len(args.weights)} value(s) but {stores} store(s) were given; pass one weight "
+                     "per store, in the stores' order")
+    if args.weights is not None and sum(args.weights) <= 0:
+        parser.error("--weights are all 0; give at least one store a weight > 0")
+    if stores == 1 and (args.weights is not None or args.stopping != "first_exhausted" or args.mix_seed != 0):
+        parser.error("--weights, --stopping and --mix-seed apply to a mixture; pass two or more stores, or drop them")
 
 
 def _dataset(args: argparse.Namespace) -> Any:
+    """The dataset the options describe: a PackedDataset per store, mixed when several, bucketed with --bucket."""
     from impl.dataset import PackedDataset
 
-    return PackedDataset(args.store, seq_len=args.seq_len, packing=args.packing, shuffle=args.shuffle,
-                         window=args.window, pack_window=args.pack_window, seed=args.seed, epoch=args.epoch)
+    datasets = [PackedDataset(store, seq_len=args.seq_len, packing=args.packing, shuffle=args.shuffle,
+                              window=args.window, pack_window=args.pack_window, seed=args.seed, epoch=args.epoch,
+                              split=args.split) for store in args.store]
+    ds: Any = datasets[0]
+    if len(datasets) > 1:
+        from impl.mixing import MixedDataset
+
+        ds = MixedDataset(datasets, weights=args.weights, stopping=args.stopping, seed=args.mix_seed, epoch=args.epoch)
+    if args.bucket is not None:
+        from impl.bucketing import BufferSortedDataset
+
+        buffer_size, pack_size = args.bucket
+        ds = BufferSortedDataset(_Samples(ds, args.epoch), buffer_size, pack_size, init_seed=args.seed,
+                                 epoch=args.epoch)
+    return ds
+
+
+def _samples(ds: Any, epoch: int, indices: list[int]) -> dict[str, Any]:
+    """Samples ``indices`` of ``epoch`` as stacked numpy arrays, whatever ``_dataset`` built."""
+    base = getattr(ds, "base_dataset", None)
+    if isinstance(base, _Samples):
+        return _samples(base.dataset, epoch, [ds.index_at(epoch, i) for i in indices])
+    return dict(ds.samples(epoch, indices))
+
+
+def _sample(ds: Any, epoch: int, index: int) -> dict[str, Any]:
+    return {name: value[0] for name, value in _samples(ds, epoch, [index]).items() if hasattr(value, "__len__")}
+
+
+class _Samples:
+    """A packed or mixed dataset of one epoch with ``sort_key`` (its real tokens), as ``BufferSortedDataset`` needs.
+
+    Lengths are read a block of samples at a time (``samples``), once.
+    """
+
+    BLOCK = 1024
+
+    def __init__(self, dataset: Any, epoch: int) -> None:
+        self.dataset, self.epoch = dataset, epoch
+        self.fingerprint = f"{dataset.fingerprint}:epoch={epoch}"
+        self._lengths: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return int(self.dataset.num_samples(self.epoch))
+
+    def __getitem__(self, index: int) -> Any:
+        from impl.partition import SampleKey
+
+        return self.dataset[SampleKey(self.epoch, int(index))]
+
+    def sort_key(self, index: int) -> int:
+        block = index // self.BLOCK
+        if block not in self._lengths:
+            rows = list(range(block * self.BLOCK, min(len(self), (block + 1) * self.BLOCK)))
+            self._lengths[block] = (self.dataset.samples(self.epoch, rows)["doc_ids"] >= 0).sum(axis=1).tolist()
+        return self._lengths[block][index - block * self.BLOCK]
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -105,15 +231,46 @@ def cmd_preview(args: argparse.Namespace) -> int:
         decode = lambda t: tok.decode([t])
     else:
         decode = lambda t: f" {t}"
-    print(f"{ds!r}: {len(ds)} samples in epoch {args.epoch}")
-    for i in range(min(args.n, len(ds))):
-        sample = ds.sample(args.epoch, i)
+    total = ds.num_samples(args.epoch)
+    print(f"{ds!r}: {total} samples in epoch {args.epoch}" + _described_split(args))
+    _print_mixture(ds, args)
+    pack = args.bucket[1] if args.bucket else 0
+    shown = min(args.n, total)
+    for i in range(shown):
+        if pack and i % pack == 0:
+            rows = list(range(i, min(total, i + pack)))
+            lengths = (_samples(ds, args.epoch, rows)["doc_ids"] >= 0).sum(axis=1).tolist()
+            print(f"══ pack {i // pack} (samples {rows[0]}..{rows[-1]}): lengths {lengths}")
+        sample = _sample(ds, args.epoch, i)
         masked = int((sample["labels"] == -100).sum())
         pad = int((sample["doc_ids"] < 0).sum())
         starts = [int(j) for j in (sample["position_ids"] == 0).nonzero()[0] if sample["doc_ids"][j] >= 0]
-        print(f"── sample {i}: segments at {starts}, {masked} labels masked, {pad} padding")
+        origin = f" from store {int(sample['source'])}" if "source" in sample else ""
+        print(f"── sample {i}{origin}: segments at {starts}, {masked} labels masked, {pad} padding")
         print(_render(sample, decode))
     return 0
+
+
+def _described_split(args: argparse.Namespace) -> str:
+    return f", split {args.split!r} of each store" if args.split else ""
+
+
+def _print_mixture(ds: Any, args: argparse.Namespace) -> None:
+    """One line per store of a mixture: its samples in the epoch and its share of the mixed stream."""
+    mixed = getattr(ds, "base_dataset", None)
+    mixed = mixed.dataset if isinstance(mixed, _Samples) else ds
+    if not hasattr(mixed, "source_sizes"):
+        return
+    import numpy as np
+
+    counts = np.bincount(mixed.plan(args.epoch).source, minlength=len(args.store)).tolist()
+    total = max(1, sum(counts))
+    sizes = mixed.source_sizes(args.epoch)
+    weights = args.weights or [None] * len(args.store)
+    for k, (store, size, count, weight) in enumerate(zip(args.store, sizes, counts, weights)):
+        share = "round robin" if weight is None else f"weight {weight:g}"
+        print(f"  mixture store {k} {store}: {share}, {count} of its {size} samples, {count / total:.1%} of the "
+              f"mixed epoch")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -133,11 +290,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from reference.partition import PartitionConfig
     from reference.resume import make_state
 
-    store = TokenStore.open(args.store, verify=args.verify)
-    print(f"store {store.path}: {len(store)} documents, {store.num_tokens} tokens; files checked by "
-          f"{'full sha256' if args.verify else 'size, and quick signatures as files are first read'}")
+    for path in args.store:
+        store = TokenStore.open(path, verify=args.verify)
+        print(f"store {store.path}: {len(store)} documents, {store.num_tokens} tokens; files checked by "
+              f"{'full sha256' if args.verify else 'size, and quick signatures as files are first read'}")
     ds = _dataset(args)
     total = ds.num_samples(args.epoch)
+    print(f"{ds!r}" + _described_split(args))
+    _print_mixture(ds, args)
     worlds = args.world_sizes
     configs = [PartitionConfig(world_size=w, batch_size=args.batch_size) for w in worlds]
     key = rng.derive_key(args.seed, args.epoch, rng.Stream.SAMPLE_ORDER)
@@ -153,7 +313,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             if first is None and expected:
                 failures.append(f"resume at sample {consumed} on {cfg.world_size} ranks yielded nothing")
             elif first is not None:
-                want = np.stack([ds.sample(args.epoch, i)["input_ids"] for i in expected])
+                want = _samples(ds, args.epoch, expected)["input_ids"]
                 if first["input_ids"].numpy().tolist() != want.tolist():
                     failures.append(f"resume at sample {consumed} on {cfg.world_size} ranks did not continue the stream")
         last = segment == args.resumes
@@ -173,7 +333,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             break
     audit = audit_coverage(seen, end)
     audited = min(total, args.audit_samples)
-    tokens = sum(int((ds.sample(args.epoch, i)["doc_ids"] >= 0).sum()) for i in range(audited))
+    tokens = int((_samples(ds, args.epoch, list(range(audited)))["doc_ids"] >= 0).sum()) if audited else 0
     print(f"coverage: {audit.trained} samples trained of {total}, duplicates {audit.duplicates}, "
           f"missing {audit.missing}, past the trained range {audit.beyond_end}, left at the epoch's end {total - end}")
     print(f"utilisation over the first {audited} samples: {tokens / max(1, audited * args.seq_len):.1%}")
@@ -233,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(fn=cmd_demo)
 
     args = parser.parse_args(argv)  # a bad flag or value: usage on stderr, SystemExit(2)
+    if args.command in ("preview", "check"):
+        _check_dataset_args(sub.choices[args.command], args)
     try:
         return int(args.fn(args))
     except LoadspecError as exc:

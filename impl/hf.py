@@ -48,6 +48,7 @@ import copy
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -115,14 +116,20 @@ def _slug(text: str) -> str:
 
 
 def tokenize_split(dataset: Any, tokenizer: Any, cache_dir: str | os.PathLike[str], *, text_field: str = "text",
-                   num_proc: int | None = 1, progress: bool = False) -> TokenStore:
+                   num_proc: int | None = 1, progress: bool | None = None) -> TokenStore:
     """The cached token store of ``dataset`` (a ``datasets.Dataset``), building it only if it is not there yet.
 
     The directory is ``cache_dir/<name>-<key>``, the key hashing the data's
     fingerprint and text field, the tokenizer's identity (EOS included) and
     the options, so other data or another tokenizer gets another store and a
     restart finds its own.
+
+    ``progress``: a bar on stderr while tokenizing, with the split's row
+    count as its total, the rate and an ETA; ``None`` (default) shows it
+    when stderr is a terminal, so a job's log file gets no bar lines.
     """
+    if progress is None:
+        progress = sys.stderr is not None and sys.stderr.isatty()
     fingerprint = getattr(dataset, "_fingerprint", None)
     require(isinstance(fingerprint, str), ConfigError,
             f"{type(dataset).__name__} has no datasets fingerprint, so its tokens cannot be cached safely; "
@@ -160,7 +167,7 @@ class HuggingFaceDataset(PackedDataset):
     def __init__(self, dataset: Any, tokenizer: Any, *, seq_len: int, cache_dir: str | os.PathLike[str],
                  split: str | None = None, config_name: str | None = None, text_field: str = "text",
                  eos_token: str | None = None, shuffle: str = "none", seed: int = 0, window: int = 1024,
-                 num_proc: int | None = 1, progress: bool = False,
+                 num_proc: int | None = 1, progress: bool | None = None,
                  load_kwargs: Mapping[str, Any] | None = None) -> None:
         require(is_int(seq_len) and seq_len >= 1, ConfigError,
                 f"seq_len={seq_len!r} must be an integer >= 1 (input positions per sample), e.g. seq_len=2048")

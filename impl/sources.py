@@ -16,7 +16,12 @@ accepted kind of source is reduced here to one :class:`Source`:
   build can tell "the same source again" from "a different one";
 * ``num_documents`` is known up front when it is cheap (datasets, parquet
   metadata, lists) and ``None`` otherwise (progress bars and worker counts
-  use it, nothing else relies on it).
+  use it, nothing else relies on it);
+* ``num_bytes`` is the size of the files read (a stat per file) and
+  ``batches_with_bytes()`` yields each batch with the bytes of those files
+  read so far, so a build whose document count is unknown (JSON Lines, txt)
+  can still show a total, a rate and an ETA; both are ``None`` for sources
+  that are not files.
 
 Accepted sources: ``datasets.Dataset`` / ``IterableDataset``; a
 ``DatasetDict`` with ``split=``; a parquet, arrow (IPC file or stream), JSON
@@ -87,6 +92,8 @@ class Source:
     fingerprint: str | None
     num_documents: int | None
     batches: Callable[[], Iterator[list[str]]]
+    num_bytes: int | None = None
+    batches_with_bytes: Callable[[], Iterator[tuple[list[str], int]]] | None = None
 
     def describe(self) -> str:
         """Short human-readable identification for error messages."""
@@ -220,7 +227,8 @@ def _suffix_kind(path: Path) -> str | None:
     return None
 
 
-def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
+def _iter_file(path: Path, text_field: str) -> Iterator[tuple[list[str], int | None]]:
+    """The file's batches, each with the bytes of the file read so far (``None`` for binary formats: unknown)."""
     kind = _suffix_kind(path)
     where = str(path)
     if kind == "parquet":
@@ -233,7 +241,7 @@ def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
         for batch in pf.iter_batches(batch_size=_TEXT_BATCH, columns=[text_field]):
             col = batch.column(0)
             _check_arrow_column(col, where, text_field)
-            yield col.to_pylist()
+            yield col.to_pylist(), None
     elif kind == "arrow":
         with pa.memory_map(str(path), "r") as mm:
             try:
@@ -251,18 +259,27 @@ def _iter_file(path: Path, text_field: str) -> Iterator[list[str]]:
                 col = batch.column(batch.schema.get_field_index(text_field))
                 _check_arrow_column(col, where, text_field)
                 for s in range(0, len(col), _TEXT_BATCH):
-                    yield col.slice(s, _TEXT_BATCH).to_pylist()
+                    yield col.slice(s, _TEXT_BATCH).to_pylist(), None
     elif kind == "jsonl":
         with _open_text(path) as f:
-            yield from _batched(_jsonl_texts(f, where, text_field), _TEXT_BATCH)
+            for texts in _batched(_jsonl_texts(f, where, text_field), _TEXT_BATCH):
+                yield texts, _bytes_read(f)
     elif kind == "txt":
         with _open_text(path) as f:
-            yield from _batched(_txt_lines(f), _TEXT_BATCH)
+            for texts in _batched(_txt_lines(f), _TEXT_BATCH):
+                yield texts, _bytes_read(f)
     else:
         raise SourceError(
             f"{where}: unknown file kind; supported: .parquet, .arrow, .jsonl/.ndjson/.json (JSON Lines), .txt "
             "(one document a line), optionally .gz for text formats"
         )
+
+
+def _bytes_read(f: Any) -> int:
+    """Bytes of the file on disk consumed by the text reader ``f`` (compressed bytes for gzip), to within a buffer."""
+    raw = f.buffer
+    raw = getattr(raw, "fileobj", raw)   # a GzipFile reads its compressed bytes from .fileobj
+    return int(raw.tell())
 
 
 def _first_bad_utf8_line(path: Path) -> str:
@@ -290,10 +307,14 @@ def _file_stats_fingerprint(kind: str, files: Sequence[Path], extra: Any = None)
 
 
 def _files_source(kind: str, files: list[Path], text_field: str, description: Any) -> Source:
-    def gen() -> Iterator[list[str]]:
-        for p in files:
+    sizes = [p.stat().st_size for p in files]
+
+    def gen_with_bytes() -> Iterator[tuple[list[str], int]]:
+        done = 0
+        for p, size in zip(files, sizes):
             try:
-                yield from _iter_file(p, text_field)
+                for texts, read in _iter_file(p, text_field):
+                    yield texts, done + (0 if read is None else min(read, size))
             except UnicodeDecodeError as exc:
                 raise SourceError(
                     f"{p}{_first_bad_utf8_line(p)}: not valid UTF-8 (byte {exc.object[exc.start:exc.start + 1]!r}: "
@@ -308,6 +329,13 @@ def _files_source(kind: str, files: list[Path], text_field: str, description: An
                 if isinstance(exc, FileNotFoundError):
                     raise SourceError(f"{p}: disappeared during the build ({exc})") from exc
                 raise SourceError(f"{p}: cannot be read as {_suffix_kind(p)} ({type(exc).__name__}: {exc})") from exc
+            done += size
+            yield [], done   # the whole file is read (binary formats report only this)
+
+    def gen() -> Iterator[list[str]]:
+        for texts, _ in gen_with_bytes():
+            if texts:
+                yield texts
 
     num_docs: int | None = None
     if all(_suffix_kind(p) == "parquet" for p in files):
@@ -320,6 +348,8 @@ def _files_source(kind: str, files: list[Path], text_field: str, description: An
         fingerprint=_file_stats_fingerprint(kind, files, text_field),
         num_documents=num_docs,
         batches=gen,
+        num_bytes=sum(sizes),
+        batches_with_bytes=gen_with_bytes,
     )
 
 

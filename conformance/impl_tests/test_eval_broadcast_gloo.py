@@ -217,6 +217,18 @@ def test_the_eval_set_built_without_a_process_group_equals_the_reference_eval_se
                      what=field)
 
 
+@pytest.mark.clause("EVAL-1")
+def test_an_eval_split_too_short_for_one_sample_is_refused_offering_only_options_build_eval_dataset_has(tmp_path):
+    from impl.errors import EmptyDataError
+    from impl.evaluation import build_eval_dataset
+
+    (tmp_path / "short.jsonl").write_text(json.dumps({"text": "Too short."}) + "\n")
+    error = assert_raises_typed(EmptyDataError, build_eval_dataset, **_eval_kwargs(tmp_path, 0, "short"),
+                                clause="EVAL-1", what="split shorter than one window",
+                                mentions=["seq_len=8", "lower seq_len", "longer split"])
+    assert "packing" not in str(error), f"build_eval_dataset has no packing= option, yet: {error}"
+
+
 @pytest.mark.clause("EVAL-2")
 def test_every_rank_receives_the_eval_set_rank_zero_built_on_2_and_3_ranks_gloo(jobs):
     expected = _local_eval(jobs["workdir"])
@@ -232,6 +244,7 @@ def test_an_eval_split_too_short_for_one_sample_raises_the_same_typed_error_on_e
         errors = [r["short"] for r in jobs[name]]
         assert errors[0] is not None and errors[0]["type"] == "EmptyDataError", errors
         assert "seq_len=8" in errors[0]["message"]
+        assert "packing" not in errors[0]["message"], errors[0]["message"]
         assert errors == [errors[0]] * len(errors), errors
 
 

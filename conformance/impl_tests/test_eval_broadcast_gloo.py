@@ -343,3 +343,21 @@ def test_a_timeout_that_is_not_a_positive_duration_is_refused_naming_it(bad):
         assert_raises_typed(ConfigError, build_eval_dataset, "json", MISSING, seq_len=8, cache_dir=MISSING,
                             split="train", clause="EVAL-5", what=f"{name}={bad!r}", mentions=[f"{name}=", "timedelta"],
                             **{name: bad})
+
+
+@pytest.mark.clause("EVAL-4")
+def test_the_fingerprinted_options_and_defaults_are_those_of_hugging_face_dataset():
+    import inspect
+
+    from impl.evaluation import FINGERPRINTED, eval_config
+    from impl.hf import HuggingFaceDataset
+
+    params = inspect.signature(HuggingFaceDataset.__init__).parameters
+    assert_equal({k: params[k].default for k in FINGERPRINTED}, dict(FINGERPRINTED), clause="EVAL-4",
+                 what="defaults compared across ranks")
+    explicit = eval_config(seq_len=8, split="train", text_field="text", shuffle="none", num_proc=4,
+                           load_kwargs={"data_files": MISSING})
+    assert_equal(explicit, eval_config(seq_len=8, split="train"), clause="EVAL-4",
+                 what="config with defaults spelled out and source-only options")
+    check(eval_config(seq_len=8, split="train", seed=1) != eval_config(seq_len=8, split="train"), clause="EVAL-4",
+          what="seed changes the config")

@@ -33,6 +33,7 @@ __all__ = [
     "REBUILD_HINT",
     "ConfigError",
     "EmptyDataError",
+    "EvalBroadcastError",
     "EvalBuildError",
     "LoadspecError",
     "LockTimeoutError",
@@ -94,6 +95,14 @@ class SourceError(ConfigError):
 
 class EvalBuildError(LoadspecError):
     """The source rank failed to build an eval set with an error loadspec does not type (EVAL-3; names it)."""
+
+
+class EvalBroadcastError(LoadspecError):
+    """The ranks of an eval broadcast disagree on src or the set, or one did not arrive in time (EVAL-4, EVAL-5).
+
+    Raised with one message on every rank that reached the call; the message
+    names the values and ranks involved and the fix.
+    """
 
 
 class LockTimeoutError(StoreError, TimeoutError):

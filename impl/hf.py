@@ -55,7 +55,7 @@ from typing import Any
 
 from impl.dataset import PackedDataset
 from impl.encoding import resolve_tokenizer
-from impl.errors import ConfigError, TokenizerError, is_int, require
+from impl.errors import ConfigError, EmptyDataError, TokenizerError, is_int, require
 from impl.store import TokenStore
 from reference.resume import canonical_json
 
@@ -145,6 +145,26 @@ def tokenize_split(dataset: Any, tokenizer: Any, cache_dir: str | os.PathLike[st
                             progress=progress)
 
 
+def _refuse_empty(store: TokenStore, seq_len: int, text_field: str) -> None:
+    """Refuse a split with no chunk sample, or no trainable label, offering only what this class accepts.
+
+    ``PackedDataset`` would refuse the same splits, but suggest options
+    (``packing=``, ``add_eos=``) that this class fixes (``"chunk"``, EOS
+    always appended). Here ``n`` tokens (EOS included) make ``n // (seq_len +
+    1)`` samples, and documents holding only their EOS have no label.
+    Example: 1 document of 2 tokens with ``seq_len=64`` is refused ("needs
+    at least 65").
+    """
+    where = f"the split ({store.num_documents} documents, {store.num_tokens} tokens with EOS appended)"
+    require(store.num_tokens >= seq_len + 1, EmptyDataError,
+            f"{where} is too short: seq_len={seq_len} needs at least {seq_len + 1} tokens for one sample (a window "
+            "of seq_len + 1 tokens); lower seq_len or use a longer split")
+    require(store.num_tokens > store.num_documents, EmptyDataError,
+            f"{where} has no trainable label: every document is empty besides the EOS appended to it, so every "
+            f"label would be -100 (a NaN loss); check that text_field={text_field!r} names the column holding the "
+            "text, or use a split with text")
+
+
 class HuggingFaceDataset(PackedDataset):
     """KempnerForge's eager ``HuggingFaceDataset``: chunk samples of ``seq_len`` from a cached tokenization.
 
@@ -158,7 +178,7 @@ class HuggingFaceDataset(PackedDataset):
     Samples (``ds[i]``): ``input_ids``, ``labels`` (-100 across documents),
     ``doc_ids``, ``position_ids``, ... as ``PackedDataset`` serves them.
     Raises ``EmptyDataError`` when the split holds fewer than
-    ``seq_len + 1`` tokens (no full window).
+    ``seq_len + 1`` tokens (no full window), or only empty texts.
 
     >>> ds = HuggingFaceDataset(split_ds, tok, seq_len=2048, cache_dir="cache")   # doctest: +SKIP
     >>> loader = build_dataloader(ds, batch_size=8)                                # doctest: +SKIP
@@ -174,5 +194,6 @@ class HuggingFaceDataset(PackedDataset):
         split_ds = load_split(dataset, split, config_name=config_name, load_kwargs=load_kwargs)
         tok = prepare_tokenizer(tokenizer, eos_token)
         store = tokenize_split(split_ds, tok, cache_dir, text_field=text_field, num_proc=num_proc, progress=progress)
+        _refuse_empty(store, seq_len, text_field)
         super().__init__(store, seq_len=seq_len, packing="chunk", shuffle=shuffle, seed=seed, window=window,
                          cache_dir=Path(cache_dir) / "plans")

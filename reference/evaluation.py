@@ -18,6 +18,13 @@ Worked example (documents already tokenized, EOS 0 appended; seq_len 3)::
     >>> outcomes = broadcast_eval(lambda: eval_set([[5, 0]], seq_len=3), world_size=2)
     >>> [type(o).__name__ for o in outcomes], outcomes[0].args == outcomes[1].args
     (['EmptyDataError', 'EmptyDataError'], True)
+    >>> agreed_source([(0, "f1"), (0, "f1")])
+    0
+    >>> agreed_source([(0, "f1"), (1, "f1")])
+    Traceback (most recent call last):
+    ...
+    reference.evaluation.EvalBroadcastError: the ranks disagree on the eval set to broadcast, so none is built: \
+src=0 on rank [0]; src=1 on rank [1]; pass the same src, seq_len, split and options on every rank
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ T = TypeVar("T")
 
 class EvalBuildError(LoadspecError):
     """The source rank's eval build failed with an error loadspec does not type; the message names it (EVAL-3)."""
+
+
+class EvalBroadcastError(LoadspecError):
+    """The ranks did not all reach the eval broadcast, or reached it asking for different sets (EVAL-4, EVAL-5)."""
 
 
 def eval_set(documents: Sequence[Sequence[int]], *, seq_len: int) -> list[Sample]:
@@ -84,3 +95,54 @@ def broadcast_eval(build: Callable[[], T], *, world_size: int, src: int = 0) -> 
         message = f"rank {src} could not build the eval set: {type(exc).__name__}: {exc}"
         return [EvalBuildError(message) for _ in range(world_size)]
     return [result] * world_size
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {list(ranks)}"
+
+
+def agreed_source(records: Sequence[tuple[int, str] | None]) -> int:
+    """The source rank every rank named, decided before any payload moves (EVAL-4, EVAL-5).
+
+    ``records[r]`` is what rank ``r`` brought to the call: ``(src,
+    fingerprint)``, the fingerprint identifying the eval set it asks for
+    (``seq_len``, split, options), or ``None`` when rank ``r`` had not
+    arrived within the timeout. Every rank evaluates this one function of
+    the same records, so every rank returns the same source or raises the
+    same ``EvalBroadcastError``: missing ranks are named first (EVAL-5),
+    then every distinct ``src`` and fingerprint with the ranks that hold it
+    (EVAL-4). Why before the payload: a broadcast whose ranks disagree on
+    ``src`` pairs sends with sends and waits until the collective's timeout.
+
+    >>> agreed_source([(2, "ab"), (2, "ab"), (2, "ab")])
+    2
+    >>> agreed_source([(0, "ab"), None, (0, "ab")])
+    Traceback (most recent call last):
+    ...
+    reference.evaluation.EvalBroadcastError: rank [1] did not reach the eval broadcast within the timeout \
+(it did not call it, or it crashed); every rank of the group must make the call, with the same src
+
+    Clauses: EVAL-4, EVAL-5.
+    """
+    require(len(records) >= 1, TopologyError, "records is empty: one record per rank of the group")
+    missing = [r for r, rec in enumerate(records) if rec is None]
+    if missing:
+        raise EvalBroadcastError(
+            f"{_ranks(missing)} did not reach the eval broadcast within the timeout (it did not call it, or it "
+            "crashed); every rank of the group must make the call, with the same src")
+    present = [rec for rec in records if rec is not None]
+    parts = []
+    for field, name in ((0, "src"), (1, "fingerprint")):
+        holders: dict[object, list[int]] = {}
+        for r, rec in enumerate(present):
+            holders.setdefault(rec[field], []).append(r)
+        if len(holders) > 1:
+            parts += [f"{name}={value!r} on {_ranks(ranks)}" for value, ranks in holders.items()]
+    if parts:
+        raise EvalBroadcastError(
+            f"the ranks disagree on the eval set to broadcast, so none is built: {'; '.join(parts)}; pass the same "
+            "src, seq_len, split and options on every rank")
+    src = present[0][0]
+    require(is_int(src) and 0 <= src < len(records), TopologyError,
+            f"src={src!r} must be a rank in [0, world_size={len(records)})")
+    return src

@@ -133,3 +133,18 @@ def test_bad_splits_are_refused_with_typed_errors(tmp_path, gpt2):
     assert_raises_typed(EmptyDataError, HuggingFaceDataset, datasets.Dataset.from_dict({"text": ["tiny"]}), gpt2,
                         seq_len=64, cache_dir=tmp_path, clause="PACK-8", what="split shorter than one window",
                         mentions=["seq_len=64"])
+
+
+def test_a_split_too_short_for_one_window_is_refused_offering_only_options_the_class_has(tmp_path, gpt2):
+    error = assert_raises_typed(EmptyDataError, HuggingFaceDataset, datasets.Dataset.from_dict({"text": ["tiny"]}),
+                                gpt2, seq_len=64, cache_dir=tmp_path, clause="PACK-8", what="split shorter than a window",
+                                mentions=["seq_len=64", "at least 65", "lower seq_len", "longer split"])
+    assert "packing" not in str(error), f"HuggingFaceDataset has no packing= option, yet: {error}"
+
+
+def test_a_split_of_empty_texts_is_refused_naming_text_field_not_options_the_class_lacks(tmp_path, gpt2):
+    error = assert_raises_typed(EmptyDataError, HuggingFaceDataset, datasets.Dataset.from_dict({"text": [""] * 20}),
+                                gpt2, seq_len=4, cache_dir=tmp_path, clause="PACK-4", what="only empty texts",
+                                mentions=["no trainable label", "text_field='text'"])
+    for absent in ("add_eos", "add_bos", "packing"):
+        assert absent not in str(error), f"HuggingFaceDataset has no {absent}= option, yet: {error}"

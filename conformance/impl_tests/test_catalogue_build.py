@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.impl_tests.test_store import word_tokenizer
+from conformance.impl_tests.test_store import WORDS, assert_store_holds, expected_tokens, word_tokenizer
 from fixtures import generators
 from impl import cli
 from impl.errors import (
@@ -314,3 +314,27 @@ def test_a_bad_cli_invocation_exits_2_with_a_usage_message_and_no_traceback(case
     assert not (tmp_path / "out").exists()
     if (tmp_path / "data").exists():
         assert (tmp_path / "data" / "a.jsonl").exists()
+
+
+# --------------------------------------------------------------------------- no row lost between a source's batches
+
+
+@pytest.mark.parametrize("n", [7, 8195, 2 * 8192 + 3])
+def test_a_streaming_iterable_dataset_of_n_rows_builds_exactly_n_documents_its_last_short_batch_included(n, tmp_path,
+                                                                                                            tok):
+    """Fault caught: an ``IterableDataset`` source losing its last short batch of rows (8,195 texts, 8,192 documents).
+
+    The source is read in batches of rows; ``n`` below one batch and a few
+    rows past one and two batches must give ``n`` documents, each the
+    tokenizer's own encoding of its row, the last ones included.
+    """
+    import datasets
+
+    docs = [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(i % 4)) for i in range(n)]  # 0..3 words
+    source = datasets.Dataset.from_dict({"text": docs}).to_iterable_dataset(num_shards=1)
+    assert isinstance(source, datasets.IterableDataset)
+    store = TokenStore.build(source, tok, tmp_path / "store", num_proc=1, docs_per_file=3000, progress=False)
+    expected = expected_tokens(tok, docs)
+    assert len(store) == n
+    assert [store[d].tolist() for d in range(n - 3, n)] == expected[-3:]
+    assert_store_holds(store, expected)

@@ -13,6 +13,7 @@ neither signed nor parsed by Arrow on the read path.
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,12 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conformance import strategies as ls
 from conformance.assertions import assert_equal, check
 from conformance.impl_tests.test_dataset import make_store
 from conformance.impl_tests.test_store_integrity import _as_format_3
 from impl import build as build_module
 from impl import store as store_module
 from impl.dataset import PackedDataset
+from impl.errors import StoreCorruptError
 from impl.fill import TokenSource
 from impl.loader import build_dataloader
 from impl.store import TokenStore
@@ -321,3 +324,29 @@ def test_a_fresh_process_resume_imports_no_module_inside_its_first_batch(store_d
                          capture_output=True, text=True, env=env, timeout=300, check=True)
     imported = json.loads(out.stdout.strip().splitlines()[-1])
     assert imported == [], f"the first batch after a resume imported {imported}"
+
+
+def test_a_store_or_dataset_unpickled_after_its_directory_was_rebuilt_with_other_data_is_refused_naming_both_fingerprints(
+        tmp_path):
+    """Fault caught: a store reopened in a spawned worker without checking the directory still holds the pickled store.
+
+    A DataLoader sends its dataset to spawned workers by pickle; a store
+    pickles as its path and fingerprint. Rebuilt in between (another corpus,
+    ``overwrite=True``), the directory holds another store, which the worker
+    must refuse, naming the fingerprint it found and the one it expected,
+    rather than serve other tokens under the old plan.
+    """
+    out = tmp_path / "store"
+    store = make_store(corpus(), out)
+    ds = PackedDataset(store, seq_len=8, packing="concat", shuffle="global", cache_dir=tmp_path / "plans")
+    blobs = {"store": pickle.dumps(store), "dataset": pickle.dumps(ds)}
+    assert [d.tolist() for d in pickle.loads(blobs["store"])] == [d for f in corpus() for d in f]
+    other = [[[token + 1 for token in d] for d in f] for f in corpus()]
+    rebuilt = TokenStore.from_token_files(other, out, vocab_size=ls.VOCAB, bos_id=ls.BOS, eos_id=ls.EOS,
+                                          pad_id=ls.PAD, overwrite=True)
+    assert rebuilt.fingerprint != store.fingerprint and TokenStore.open(out)[0].tolist() == other[0][0]
+    pattern = (rf"token store {out} changed \(fingerprint {rebuilt.fingerprint[:16]}\.\.\., "
+               rf"expected {store.fingerprint[:16]}\.\.\.\)")
+    for blob in blobs.values():
+        with pytest.raises(StoreCorruptError, match=pattern):
+            pickle.loads(blob)[0]

@@ -465,3 +465,48 @@ def test_weights_are_the_share_under_first_exhausted_and_sizes_are_under_all_exh
     assert_equal(every.source[:ran_out].tolist(), first.source[:ran_out].tolist(), clause="MIX-19",
                  what="all_exhausted draws by weight until source 1 runs out")
     check(bool((every.source[ran_out:] == 0).all()), clause="MIX-19", what="then source 0 alone fills the epoch")
+
+
+# --------------------------------------------------------------------------- a weight_fn that weights exhausted sources
+
+
+def _keeps_weighting_every_source(step, sizes, taken, exhausted):
+    """A user's weight_fn that ignores ``exhausted``: source 0 keeps the largest weight after it runs out.
+
+    all_exhausted makes exactly ``sum(sizes)`` draws; a step past them would
+    be a stream that restarts a source and never ends, so it fails here.
+    """
+    if step >= sum(sizes):
+        raise AssertionError(f"weight_fn called at step {step}, past the {sum(sizes)} draws of all_exhausted")
+    return [10.0, 3.0, 2.0]
+
+
+@pytest.mark.clause("MIX-4")
+@pytest.mark.clause("MIX-7")
+@pytest.mark.parametrize("seed", [5, 11])
+def test_a_weight_fn_weighting_an_exhausted_source_draws_among_live_sources_by_their_weights_under_all_exhausted(seed):
+    """Fault caught: a weight_fn's weights normalised over all of them, the exhausted sources' included.
+
+    Only ``balance_remaining`` (which gives exhausted sources 0) was tested.
+    Here source 0 (20 items) runs out early but keeps weight 10; afterwards
+    sources 1 and 2 must share the draws 3 : 2 (60 % to source 1), as the
+    reference does bit for bit; normalised by 15 instead of 5 they would get
+    20 % and 80 % (the fall-back to the last positive weight takes the rest).
+    """
+    sizes = [20, 4000, 4000]
+    config = MixConfig(stopping="all_exhausted", seed=seed)
+    plan = mix_plan(sizes, config, 0, weight_fn=_keeps_weighting_every_source)
+    got = list(zip(plan.source.tolist(), plan.item.tolist()))
+    repro = {"sizes": sizes, "seed": seed}
+    assert_equal(got, ref_mixing.mix(sizes, config, 0, weight_fn=_keeps_weighting_every_source), clause="MIX-4",
+                 what="mixed stream", repro=repro)
+    assert_exactly_once(got, [(s, j) for s, n in enumerate(sizes) for j in range(n)], clause="MIX-7",
+                        what="(source, item) pairs", repro=repro)
+    sources = [s for s, _ in got]
+    gone_0 = max(t for t, s in enumerate(sources) if s == 0)
+    gone_1_or_2 = min(max(t for t, s in enumerate(sources) if s == k) for k in (1, 2))
+    both_live = sources[gone_0 + 1:gone_1_or_2 + 1]
+    share = both_live.count(1) / len(both_live)
+    check(len(both_live) > 5000 and abs(share - 0.6) < 0.03, clause="MIX-4",
+          what=f"source 1 got {share:.3f} of the {len(both_live)} draws after source 0 ran out, not 3 / (3 + 2) = 0.6",
+          repro=repro)

@@ -193,6 +193,59 @@ def test_a_read_spanning_files_checks_every_file_it_touches(four):
         store.gather(np.arange(len(store))[::-1])
 
 
+def test_a_file_changed_after_another_file_was_read_through_is_refused_by_a_batch_check_not_taken_as_verified(four):
+    """Fault caught: the store-wide "every file verified" shortcut set as soon as the *first* file is verified.
+
+    File 0 is read through (all its blocks verified, so it counts as verified
+    whole); files 1 to 3 are not. A byte of file 1 then changes: a batch
+    check of runs in files 0 and 1 must still CRC file 1's block and refuse it.
+    """
+    path = four / "tokens-00001.arrow"
+    at, token = _middle_value_byte(path)
+    store = TokenStore.open(four)
+    starts = store.file_document_starts
+    for d in range(starts[0], starts[1]):
+        store[d]
+    assert store._blocks[0].complete and not any(b is not None and b.complete for b in store._blocks[1:])
+    _flip(path, at)
+    files, lo, hi = np.array([0, 1]), np.array([0, max(token - 5, 0)]), np.array([50, token + 5])
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        store.check_blocks_batch(files, lo, hi)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        store.check_blocks_batch(files, lo, hi)  # refused again: a failed block never counts as verified
+
+
+def test_a_globally_shuffled_loader_refuses_a_file_changed_after_another_file_was_read_through(four, tmp_path):
+    """The same fault on the user's path: a format-3 fill checks a batch's runs in several files in one batch check.
+
+    Each batch pairs a sample lying wholly in file 0 with one of the samples
+    reading file 1, so every batch that reads file 1 spans two files (one
+    batch check, never the per-file check).
+    """
+    from impl.dataset import PackedDataset
+
+    _as_format_3(four)
+    path = four / "tokens-00001.arrow"
+    at, _ = _middle_value_byte(path)
+    options = {"seq_len": 64, "packing": "concat", "shuffle": "global", "seed": 3, "cache_dir": tmp_path}
+    clean = PackedDataset(TokenStore.open(four), **options)
+    starts = np.asarray(clean.store.file_document_starts)
+    docs = clean.samples(0, range(len(clean)))["doc_ids"]
+    file_of = np.where(docs >= 0, np.searchsorted(starts, docs, side="right") - 1, -1)
+    files_of = [set(row.tolist()) - {-1} for row in file_of]
+    in_file_0 = next(j for j, files in enumerate(files_of) if files == {0})
+    reading_1 = [j for j, files in enumerate(files_of) if 1 in files]
+    store = TokenStore.open(four)
+    for d in range(starts[0], starts[1]):
+        store[d]
+    assert store._blocks[0].complete
+    _flip(path, at)
+    ds = PackedDataset(store, **options)
+    with pytest.raises(StoreCorruptError, match=_block_pattern(path, at, SMALL_BLOCK)):
+        for j in reading_1:
+            ds.samples(0, [in_file_0, j])
+
+
 def test_changed_document_offsets_are_refused_before_any_boundary_is_used(tmp_path):
     """12k short documents: their offsets (96 KB) reach past the first quick-signature window (format 3: blocks)."""
     out = _build(tmp_path / "store", _documents(3, 1, 12_000, 2, 30))

@@ -83,7 +83,7 @@ from impl.store import META_FILE, TokenStore
 from reference.ordering import Kind, OrderingConfig
 from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
 from reference.partition import PADDING, End
-from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint
+from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint, pipeline_parts
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens"]
 
@@ -245,6 +245,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self.config = config
         self.epoch = int(epoch)
         self.fingerprint = pipeline_fingerprint(data_fingerprint, config)
+        #: The fingerprint's components (RES-8): a refused state names the ones that differ.
+        self.fingerprint_parts = pipeline_parts(data_fingerprint, config)
         self._cache_arg = cache_dir
         self._cache_dir = self._resolve_cache_dir(cache_dir)
         self._file_sizes = list(store.file_document_counts)

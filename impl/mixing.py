@@ -61,7 +61,14 @@ from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
 from reference.mixing import BATCHING_METHODS, STOPPING_STRATEGIES, MixConfig, StreamConfig, WeightFn
 from reference.packing import PackingConfig
 from reference.partition import PADDING
-from reference.resume import MixtureConfig, canonical_json, mixture_fingerprint
+from reference.resume import (
+    MixtureConfig,
+    canonical_json,
+    mixture_fingerprint,
+    mixture_level_parts,
+    mixture_parts,
+    part_hash,
+)
 from reference.rng import Stream
 
 __all__ = ["MixPlan", "MixedDataset", "SampleKey", "StreamConfig", "balance_remaining", "interleave_datasets", "mix_plan",
@@ -476,7 +483,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             self.config: MixtureConfig | None = MixtureConfig(
                 sources=tuple(configs), mixing=self.mix_config, end=end, weight_fn=weight_fn,  # type: ignore[arg-type]
                 streams=self.streams, epoch_size=epoch_size, batching_method=batching_method)
-            self.fingerprint = mixture_fingerprint(_data_fingerprints(self.sources), self.config)
+            data = _data_fingerprints(self.sources)
+            self.fingerprint = mixture_fingerprint(data, self.config)
+            #: The fingerprint's components (RES-8): a refused state names the ones that differ.
+            self.fingerprint_parts = mixture_parts(data, self.config)
             packing = self.config.packing
             self._pad: dict[str, np.ndarray] | None = {name: row[0] for name, row in padding_rows(1, packing).items()}
         else:
@@ -488,6 +498,11 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                                                    [dataclasses.asdict(x) for x in streams],
                                                    "epoch_size": epoch_size, "batching_method": batching_method}}
             self.fingerprint = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+            self.fingerprint_parts = {f"source_{i}_data": part_hash(p) for i, p in enumerate(prints)}
+            self.fingerprint_parts.update(mixture_level_parts(
+                {"weights": self.mix_config.weights, "stopping": stopping, "seed": seed}, end, _name(weight_fn),
+                None if streams is None else {"streams": [dataclasses.asdict(x) for x in streams],
+                                              "epoch_size": epoch_size, "batching_method": batching_method}))
             self._pad = None
         self._plans: collections.OrderedDict[int, MixPlan] = collections.OrderedDict()
         self._shape = self._check_shapes()

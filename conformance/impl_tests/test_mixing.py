@@ -59,6 +59,22 @@ def _reference_or_error(fn, *args, **kwargs):
 @pytest.mark.clause("MIX-2")
 @pytest.mark.clause("MIX-3")
 @pytest.mark.clause("MIX-6")
+@pytest.mark.clause("RES-8")
+def test_a_refused_mixture_state_names_swapped_sources_a_rebuilt_source_weights_or_seed(two_corpora, workdir):
+    web, code = two_corpora
+    state = build_dataloader(MixedDataset([web, code], weights=(0.7, 0.3), seed=1), batch_size=2).state_dict()
+    rebuilt = PackedDataset.from_config(build_store([[[5000 + 10 * d + t + 1 for t in range(5)] for d in range(11)]],
+                                                    workdir), code.config, cache_dir=False)
+    cases = [(MixedDataset([code, web], weights=(0.7, 0.3), seed=1),
+              ["sources swapped", "the checkpoint's source 0 is this mixture's source 1"]),
+             (MixedDataset([web, rebuilt], weights=(0.7, 0.3), seed=1), ["source 1's data differs", "rebuilt"]),
+             (MixedDataset([web, code], weights=(0.5, 0.5), seed=1), ["weights differ"]),
+             (MixedDataset([web, code], weights=(0.7, 0.3), seed=2), ["mix seed differs"])]
+    for mixed, mentions in cases:
+        assert_raises_typed(StateError, build_dataloader(mixed, batch_size=2).load_state_dict, state, clause="RES-8",
+                            what="a state of another mixture", mentions=["fingerprint", *mentions])
+
+
 @pytest.mark.clause("MIX-7")
 @pytest.mark.clause("MIX-8")
 @pytest.mark.clause("MIX-9")

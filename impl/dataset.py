@@ -296,6 +296,10 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         store = self.store
         L = p.seq_len
         where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
+        if isinstance(store, SplitStore):
+            where = (f"split={store.notation!r} of the store at {store.path} (documents {store.rows.start} to "
+                     f"{store.rows.stop - 1}: {store.num_documents} of its {len(store.base.lengths)} documents, "
+                     f"{store.num_tokens} tokens)")
         require(store.num_documents > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
         totals = self._kept_totals()
         if totals is None:
@@ -315,20 +319,22 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def _refuse_empty(self, where: str, kept: int, n: int) -> None:
         p = self.config.packing
         L = p.seq_len
+        wider = ", widen the split" if isinstance(self.store, SplitStore) else ""
         if not kept:
             raise EmptyDataError(
                 f"{where} keeps no document for this config: every document is empty"
                 + (f" or shorter than min_len={p.min_len}" if p.min_len else "")
-                + "; lower min_len, set add_eos=True, or check the store")
+                + f"; lower min_len, set add_eos=True{wider}, or check the store")
         if p.mode in STREAM_MODES:
             require(n >= L + 1, EmptyDataError,
                     f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing={p.mode!r} "
                     + ("(a sample's inputs and the target after them)" if p.mode == "concat" else
-                       "(one window of L + 1 tokens)") + "; lower seq_len or use packing='none'")
+                       "(one window of L + 1 tokens)") + f"; lower seq_len{wider} or use packing='none'")
         require(n > kept, EmptyDataError,
                 f"{where} has no trainable label for this config: each of its {kept} kept documents holds at most one "
                 "token after BOS/EOS are added, and a label is the next token of the same document, so every label "
-                "would be -100 (a NaN loss); set add_eos=True or add_bos=True, or build the store from longer documents")
+                f"would be -100 (a NaN loss); set add_eos=True or add_bos=True{wider}, or build the store from longer "
+                "documents")
 
     def _resolve_cache_dir(self, cache_dir: Any) -> Path | None:
         if cache_dir is False:

@@ -78,7 +78,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from impl.collation import collate
-from impl.errors import ConfigError, StateError, TopologyError, is_int, require
+from impl.errors import ConfigError, EmptyDataError, StateError, TopologyError, is_int, require
 from impl.partition import ElasticSampler, advance, steps_in_epoch
 from reference.partition import PartitionConfig
 from reference.resume import make_state, validate_state
@@ -411,7 +411,9 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     when initialised, else ``0``/``1``. ``batch_size`` is per rank; the global
     batch is ``world_size // replication * batch_size``. ``end`` is read from
     the dataset's config; passing it is allowed only to repeat it. An epoch
-    with no step for this topology is refused (``TopologyError``) unless
+    with no step for this topology is refused (``TopologyError``; ``EmptyDataError``
+    naming the source when a dataset's ``explain_short_epoch(epoch)`` says an
+    empty source cut the epoch short, as ``MixedDataset``'s does) unless
     ``allow_empty_epoch=True`` (a conformance kit comparing tiny corpora with
     the reference wants the empty loader). Extra keyword arguments go to the
     DataLoader (``timeout``, ``worker_init_fn``, ...).
@@ -430,6 +432,9 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     if not allow_empty_epoch:
         epoch = sampler.position()[0]
         total, config = sampler.num_samples(epoch), sampler.config
+        explain = getattr(dataset, "explain_short_epoch", None)
+        reason = explain(epoch) if callable(explain) and steps_in_epoch(total, config) == 0 else None
+        require(reason is None, EmptyDataError, f"this loader would yield no batch in epoch {epoch}: {reason}")
         require(steps_in_epoch(total, config) > 0, TopologyError,
                 f"epoch {epoch} holds {total} samples, but one step takes world_size // replication x batch_size = "
                 f"{config.data_parallel_size} x {config.batch_size} = {config.global_batch_size} of them "

@@ -365,3 +365,32 @@ def test_bad_streams_are_refused_with_the_fix(two_corpora):
         mixed = MixedDataset([web, code], streams=[StreamConfig(), StreamConfig()], batching_method=method)
         with pytest.raises(NotImplementedError, match="global batch size"):
             mixed.num_samples(0)
+
+
+class _EmptySource:
+    """A map-style source with no sample (a filtered-out corpus), with the fingerprint a mixture needs."""
+
+    fingerprint = "e" * 64
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, index):
+        raise IndexError(index)
+
+
+@pytest.mark.clause("MIX-9")
+def test_an_empty_source_under_first_exhausted_is_named_in_the_error_not_blamed_on_the_batch_size(two_corpora):
+    web, _ = two_corpora
+    for weights, fix in ((None, "pass weights= giving it weight 0"), ((0.5, 0.5), "give it weight 0 in weights=")):
+        mixed = MixedDataset([web, _EmptySource()], weights=weights)
+        assert_raises_typed(EmptyDataError, build_dataloader, mixed, batch_size=2, clause="MIX-9",
+                            what=f"an empty sources[1] under first_exhausted, weights={weights}",
+                            mentions=["sources[1] (_EmptySource)", "first_exhausted", fix, "stopping='all_exhausted'",
+                                      "drop sources[1]"])
+        with pytest.raises(EmptyDataError) as info:
+            build_dataloader(mixed, batch_size=2)
+        check("batch_size" not in str(info.value), clause="MIX-9", what=f"the batch size blamed: {info.value}")
+    for fixed in (MixedDataset([web, _EmptySource()], weights=(1.0, 0.0)),
+                  MixedDataset([web, _EmptySource()], stopping="all_exhausted")):
+        check(len(build_dataloader(fixed, batch_size=2)) > 0, clause="MIX-9", what="a fix the message offers")

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.dataset import PackedDataset
-from impl.encoding import resolve_tokenizer
+from impl.encoding import eos_suggestion, resolve_tokenizer
 from impl.errors import ConfigError, TokenizerError, is_int, require
 from impl.store import TokenStore
 from reference.resume import canonical_json
@@ -97,16 +97,20 @@ def prepare_tokenizer(tokenizer: Any, eos_token: str | None = None) -> Any:
 
     tok = _load_tokenizer(tokenizer)
     if eos_token is not None:
-        require(isinstance(eos_token, str) and eos_token in tok.get_vocab(), TokenizerError,
-                f"eos_token={eos_token!r} is not a token of {type(tok).__name__}'s vocabulary; name a token it has "
-                "(e.g. '</s>' or '<|endoftext|>')")
+        vocab = tok.get_vocab()
+        own = tok.eos_token if getattr(tok, "eos_token_id", None) is not None else None
+        require(isinstance(eos_token, str) and eos_token in vocab, TokenizerError,
+                f"eos_token={eos_token!r} is not a token of {type(tok).__name__}'s vocabulary; name a token it has: "
+                f"{eos_suggestion(vocab, own=own, rejected=eos_token)}"
+                + (f" (or leave eos_token=None to use its own, {own!r})" if own in vocab else ""))
         tok = copy.deepcopy(tok)
         tok.eos_token = eos_token
         return tok
     if getattr(tok, "eos_token_id", None) is None:
         raise TokenizerError(
             f"tokenizer {type(tok).__name__} has no EOS token, so documents would run into each other (KempnerForge "
-            "falls back to id 0, whatever token that is); name the boundary token with eos_token='<token>'")
+            "falls back to id 0, whatever token that is); name the boundary token with eos_token='<token>', one of "
+            f"its vocabulary: {eos_suggestion(tok.get_vocab())}")
     return tok
 
 

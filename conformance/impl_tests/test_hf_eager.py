@@ -126,6 +126,17 @@ def test_a_tokenizer_without_eos_is_refused_unless_the_boundary_token_is_named(t
     assert tok.eos_token is None, "the caller's tokenizer must not be modified"
 
 
+def test_an_eos_token_missing_from_the_vocabulary_is_told_a_token_it_has_never_the_rejected_one(tmp_path):
+    split = datasets.Dataset.from_dict({"text": ["the end", "a b a b", "the a"]})
+    for tok, own in ((_word_tokenizer(eos=False), None), (_word_tokenizer(eos=True), "</s>")):
+        with pytest.raises(TokenizerError) as info:
+            HuggingFaceDataset(split, tok, seq_len=3, cache_dir=tmp_path, eos_token="<|endoftext|>")
+        message = str(info.value)
+        offered = message.split("name a token it has:", 1)[1]
+        assert "'</s>'" in offered and "<|endoftext|>" not in offered, message
+        assert (own is None) == ("eos_token=None" not in message), message
+
+
 def test_bad_splits_are_refused_with_typed_errors(tmp_path, gpt2):
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": TEXTS})})
     assert_raises_typed(ConfigError, HuggingFaceDataset, dd, gpt2, seq_len=8, cache_dir=tmp_path, clause="HF",

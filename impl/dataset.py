@@ -125,6 +125,28 @@ def _user_cache_dir() -> Path:
     return Path(base) / "loadspec" / "plans"
 
 
+def refuse_file_cache_dir(cache_dir: str | os.PathLike[str]) -> Path:
+    """``cache_dir`` as a Path, or a ``ConfigError`` when it (or a folder above it) is a file.
+
+    Why: creating a directory there fails with "File exists (errno 17)" or
+    "Not a directory (errno 20)", which names neither the argument nor the file.
+
+    >>> refuse_file_cache_dir(__file__)   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: cache_dir=... is a file, not a directory; pass the path of a directory ...
+    """
+    path = Path(cache_dir)
+    for where in (path, *path.parents):
+        if where.exists():
+            require(where.is_dir(), ConfigError,
+                    f"cache_dir={str(path)!r} is a file, not a directory" + ("" if where == path else
+                    f" ({str(where)!r}, a folder above it, is a file)") + "; pass the path of a directory (it is "
+                    "created if missing), or remove the file")
+            break
+    return path
+
+
 def _writable_dir(path: Path) -> bool:
     if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK):   # the usual case, without mkdir's failed call
         return True
@@ -340,7 +362,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if cache_dir is False:
             return None
         if cache_dir is not None and cache_dir is not True:
-            path = Path(cache_dir)
+            path = refuse_file_cache_dir(cache_dir)
             require(_writable_dir(path), ConfigError,
                     f"cache_dir={str(path)!r} cannot be created or written; pass a writable directory, or "
                     "cache_dir=False to keep plans in memory only")

@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from impl.dataset import PackedDataset
+from impl.dataset import PackedDataset, refuse_file_cache_dir
 from impl.encoding import eos_suggestion, resolve_tokenizer
 from impl.errors import ConfigError, TokenizerError, is_int, require
 from impl.store import TokenStore
@@ -137,7 +137,7 @@ def tokenize_split(dataset: Any, tokenizer: Any, cache_dir: str | os.PathLike[st
         "eos_id": info.eos_id, "add_eos": True,
     }).encode()).hexdigest()[:20]
     name = _slug(str(getattr(getattr(dataset, "info", None), "dataset_name", None) or "data"))
-    out = Path(cache_dir) / f"{name}-{key}"
+    out = refuse_file_cache_dir(cache_dir) / f"{name}-{key}"
     return TokenStore.build(dataset, tokenizer, out, text_field=text_field, num_proc=num_proc, add_eos=True,
                             progress=progress)
 

@@ -144,3 +144,12 @@ def test_bad_splits_are_refused_with_typed_errors(tmp_path, gpt2):
     assert_raises_typed(EmptyDataError, HuggingFaceDataset, datasets.Dataset.from_dict({"text": ["tiny"]}), gpt2,
                         seq_len=64, cache_dir=tmp_path, clause="PACK-8", what="split shorter than one window",
                         mentions=["seq_len=64"])
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_as_a_config_error_naming_it(tmp_path):
+    split = datasets.Dataset.from_dict({"text": ["the end", "a b a b", "the a"]})
+    afile = tmp_path / "cache"
+    afile.write_text("not a directory")
+    assert_raises_typed(ConfigError, HuggingFaceDataset, split, _word_tokenizer(eos=True), seq_len=3, cache_dir=afile,
+                        clause="HF", what="cache_dir is a file", mentions=[repr(str(afile)), "is a file"])
+    assert afile.read_text() == "not a directory", "the file must be left alone"

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from impl._atomic import atomic_write_bytes, atomic_write_json, exchange_dirs, file_lock, fsync_dir, lock_path_for
-from impl.encoding import Encoder, TokenizerInfo, resolve_tokenizer
+from impl.encoding import Encoder, TokenizerInfo, eos_suggestion, resolve_tokenizer
 from impl.errors import (
     ConfigError,
     EmptyDataError,
@@ -154,9 +154,15 @@ def build_store(
     check_output_path(out_dir, _source_paths(source))
     tok_json, tinfo = resolve_tokenizer(tokenizer)
     if add_eos and tinfo.eos_id is None:
+        from tokenizers import Tokenizer
+
+        tokens = eos_suggestion(Tokenizer.from_str(tok_json).get_vocab(with_added_tokens=True),
+                                rejected=tinfo.eos_token)
+        named = "" if tinfo.eos_token is None else (
+            f" (it names eos_token={tinfo.eos_token!r}, which is not in its vocabulary, so it has no id)")
         raise TokenizerError(
-            f"tokenizer {tinfo.class_name} has no eos_token but add_eos=True: set add_eos=False or use a "
-            "tokenizer with an eos_token (e.g. load it with eos_token='<|endoftext|>')"
+            f"tokenizer {tinfo.class_name} has no eos_token but add_eos=True{named}: set add_eos=False or set the "
+            f"tokenizer's eos_token to a token of its vocabulary (tokenizer.eos_token = ...; it holds {tokens})"
         )
     if add_bos and tinfo.bos_id is None:
         raise TokenizerError(

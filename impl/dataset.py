@@ -83,7 +83,7 @@ from impl.store import META_FILE, TokenStore
 from reference.ordering import Kind, OrderingConfig
 from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
 from reference.partition import PADDING, End
-from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint
+from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint, pipeline_parts
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens"]
 
@@ -123,6 +123,28 @@ def _open_store(store: TokenStore | SplitStore | str | os.PathLike[str]) -> Toke
 def _user_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "loadspec" / "plans"
+
+
+def refuse_file_cache_dir(cache_dir: str | os.PathLike[str]) -> Path:
+    """``cache_dir`` as a Path, or a ``ConfigError`` when it (or a folder above it) is a file.
+
+    Why: creating a directory there fails with "File exists (errno 17)" or
+    "Not a directory (errno 20)", which names neither the argument nor the file.
+
+    >>> refuse_file_cache_dir(__file__)   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: cache_dir=... is a file, not a directory; pass the path of a directory ...
+    """
+    path = Path(cache_dir)
+    for where in (path, *path.parents):
+        if where.exists():
+            require(where.is_dir(), ConfigError,
+                    f"cache_dir={str(path)!r} is a file, not a directory" + ("" if where == path else
+                    f" ({str(where)!r}, a folder above it, is a file)") + "; pass the path of a directory (it is "
+                    "created if missing), or remove the file")
+            break
+    return path
 
 
 def _writable_dir(path: Path) -> bool:
@@ -245,6 +267,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self.config = config
         self.epoch = int(epoch)
         self.fingerprint = pipeline_fingerprint(data_fingerprint, config)
+        #: The fingerprint's components (RES-8): a refused state names the ones that differ.
+        self.fingerprint_parts = pipeline_parts(data_fingerprint, config)
         self._cache_arg = cache_dir
         self._cache_dir = self._resolve_cache_dir(cache_dir)
         self._file_sizes = list(store.file_document_counts)
@@ -294,6 +318,10 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         store = self.store
         L = p.seq_len
         where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
+        if isinstance(store, SplitStore):
+            where = (f"split={store.notation!r} of the store at {store.path} (documents {store.rows.start} to "
+                     f"{store.rows.stop - 1}: {store.num_documents} of its {len(store.base.lengths)} documents, "
+                     f"{store.num_tokens} tokens)")
         require(store.num_documents > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
         totals = self._kept_totals()
         if totals is None:
@@ -313,26 +341,28 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def _refuse_empty(self, where: str, kept: int, n: int) -> None:
         p = self.config.packing
         L = p.seq_len
+        wider = ", widen the split" if isinstance(self.store, SplitStore) else ""
         if not kept:
             raise EmptyDataError(
                 f"{where} keeps no document for this config: every document is empty"
                 + (f" or shorter than min_len={p.min_len}" if p.min_len else "")
-                + "; lower min_len, set add_eos=True, or check the store")
+                + f"; lower min_len, set add_eos=True{wider}, or check the store")
         if p.mode in STREAM_MODES:
             require(n >= L + 1, EmptyDataError,
                     f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing={p.mode!r} "
                     + ("(a sample's inputs and the target after them)" if p.mode == "concat" else
-                       "(one window of L + 1 tokens)") + "; lower seq_len or use packing='none'")
+                       "(one window of L + 1 tokens)") + f"; lower seq_len{wider} or use packing='none'")
         require(n > kept, EmptyDataError,
                 f"{where} has no trainable label for this config: each of its {kept} kept documents holds at most one "
                 "token after BOS/EOS are added, and a label is the next token of the same document, so every label "
-                "would be -100 (a NaN loss); set add_eos=True or add_bos=True, or build the store from longer documents")
+                f"would be -100 (a NaN loss); set add_eos=True or add_bos=True{wider}, or build the store from longer "
+                "documents")
 
     def _resolve_cache_dir(self, cache_dir: Any) -> Path | None:
         if cache_dir is False:
             return None
         if cache_dir is not None and cache_dir is not True:
-            path = Path(cache_dir)
+            path = refuse_file_cache_dir(cache_dir)
             require(_writable_dir(path), ConfigError,
                     f"cache_dir={str(path)!r} cannot be created or written; pass a writable directory, or "
                     "cache_dir=False to keep plans in memory only")

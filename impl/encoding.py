@@ -156,6 +156,29 @@ def resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
     return tok_json, info
 
 
+EOS_SPELLINGS = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "<|end|>", "[SEP]")
+"""The usual spellings of an end-of-text token, offered when a tokenizer's EOS is missing or unknown."""
+
+
+def eos_suggestion(vocab: Any, *, own: str | None = None, rejected: str | None = None) -> str:
+    """The EOS tokens ``vocab`` really holds, in words for an error message; never ``rejected``.
+
+    Why: a message that suggests a token the tokenizer lacks (or the very
+    token it just refused) sends the user round in a circle.
+
+    >>> eos_suggestion({"</s>": 1, "a": 2}, rejected="<|endoftext|>")
+    "'</s>'"
+    >>> eos_suggestion({"a": 2})
+    "none: its vocabulary holds none of the usual EOS tokens (add one with tokenizer.add_special_tokens({'eos_token': ...}))"
+    """
+    names = [own] if own is not None and own in vocab and own != rejected else []
+    names += [t for t in EOS_SPELLINGS if t in vocab and t != rejected and t not in names]
+    if not names:
+        return ("none: its vocabulary holds none of the usual EOS tokens (add one with "
+                "tokenizer.add_special_tokens({'eos_token': ...}))")
+    return " or ".join(repr(t) for t in names[:3])
+
+
 class Encoder:
     """Tokenizes ranges of documents into flat token values plus document offsets (bos/eos added here)."""
 

@@ -53,8 +53,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from impl.dataset import PackedDataset
-from impl.encoding import resolve_tokenizer
+from impl.dataset import PackedDataset, refuse_file_cache_dir
+from impl.encoding import eos_suggestion, resolve_tokenizer
 from impl.errors import ConfigError, EmptyDataError, TokenizerError, is_int, require
 from impl.store import TokenStore
 from reference.resume import canonical_json
@@ -98,16 +98,20 @@ def prepare_tokenizer(tokenizer: Any, eos_token: str | None = None) -> Any:
 
     tok = _load_tokenizer(tokenizer)
     if eos_token is not None:
-        require(isinstance(eos_token, str) and eos_token in tok.get_vocab(), TokenizerError,
-                f"eos_token={eos_token!r} is not a token of {type(tok).__name__}'s vocabulary; name a token it has "
-                "(e.g. '</s>' or '<|endoftext|>')")
+        vocab = tok.get_vocab()
+        own = tok.eos_token if getattr(tok, "eos_token_id", None) is not None else None
+        require(isinstance(eos_token, str) and eos_token in vocab, TokenizerError,
+                f"eos_token={eos_token!r} is not a token of {type(tok).__name__}'s vocabulary; name a token it has: "
+                f"{eos_suggestion(vocab, own=own, rejected=eos_token)}"
+                + (f" (or leave eos_token=None to use its own, {own!r})" if own in vocab else ""))
         tok = copy.deepcopy(tok)
         tok.eos_token = eos_token
         return tok
     if getattr(tok, "eos_token_id", None) is None:
         raise TokenizerError(
             f"tokenizer {type(tok).__name__} has no EOS token, so documents would run into each other (KempnerForge "
-            "falls back to id 0, whatever token that is); name the boundary token with eos_token='<token>'")
+            "falls back to id 0, whatever token that is); name the boundary token with eos_token='<token>', one of "
+            f"its vocabulary: {eos_suggestion(tok.get_vocab())}")
     return tok
 
 
@@ -140,7 +144,7 @@ def tokenize_split(dataset: Any, tokenizer: Any, cache_dir: str | os.PathLike[st
         "eos_id": info.eos_id, "add_eos": True,
     }).encode()).hexdigest()[:20]
     name = _slug(str(getattr(getattr(dataset, "info", None), "dataset_name", None) or "data"))
-    out = Path(cache_dir) / f"{name}-{key}"
+    out = refuse_file_cache_dir(cache_dir) / f"{name}-{key}"
     return TokenStore.build(dataset, tokenizer, out, text_field=text_field, num_proc=num_proc, add_eos=True,
                             progress=progress)
 

@@ -1,6 +1,6 @@
 """ElasticLoader: a torch DataLoader whose state resumes exactly, on any topology.
 
-Conforms to RES-1 .. RES-7 (docs/SEMANTICS.md, "Resume") and PART-1 .. PART-12
+Conforms to RES-1 .. RES-8 (docs/SEMANTICS.md, "Resume") and PART-1 .. PART-12
 (docs/SEMANTICS.md, through ``impl.partition.ElasticSampler``); its
 model is ``reference.resume.ReferenceLoader``.
 
@@ -12,7 +12,7 @@ and advances ``consumed`` with ``impl.partition.advance`` per handed-out
 step (RES-6). The loader is the one owner of the position ``(epoch,
 consumed)``: its sampler holds none and asks ``loader.position()`` where to
 start each pass. The state is the reference's: ``{"format", "version",
-"fingerprint", "epoch", "consumed"}`` (RES-2), with ``consumed`` counting the
+"fingerprint", "parts", "epoch", "consumed"}`` (RES-2, RES-8), with ``consumed`` counting the
 epoch's *global* stream, so it loads on another world size, per-rank batch
 size or worker count (RES-4, RES-5).
 
@@ -78,7 +78,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from impl.collation import collate
-from impl.errors import ConfigError, StateError, TopologyError, is_int, require
+from impl.errors import ConfigError, EmptyDataError, StateError, TopologyError, is_int, require
 from impl.partition import ElasticSampler, advance, steps_in_epoch
 from reference.partition import PartitionConfig
 from reference.resume import make_state, validate_state
@@ -131,6 +131,12 @@ class ElasticLoader:
         return str(self.dataset.fingerprint)
 
     @property
+    def fingerprint_parts(self) -> dict[str, str]:
+        """The dataset's fingerprint components (RES-8), ``{}`` for a dataset that offers none."""
+        parts = getattr(self.dataset, "fingerprint_parts", None)
+        return dict(parts) if isinstance(parts, dict) else {}
+
+    @property
     def partition(self) -> PartitionConfig:
         return self.sampler.config
 
@@ -168,17 +174,18 @@ class ElasticLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state (RES-2): JSON primitives, counting only batches handed out (RES-6)."""
-        return make_state(self.fingerprint, self._epoch, self._consumed)
+        return make_state(self.fingerprint, self._epoch, self._consumed, self.fingerprint_parts)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue at the state's position; refuse a state that does not fit (RES-3).
 
         Raises ``StateError`` naming the mismatch and the fix for a foreign
         format, an unsupported version, missing or extra keys, another
-        fingerprint (other data or pipeline config), integers out of bounds,
-        or ``consumed`` beyond the epoch's samples.
+        fingerprint (other data or pipeline config; the message names the
+        parts that differ, RES-8), integers out of bounds, or ``consumed``
+        beyond the epoch's samples.
         """
-        epoch, consumed = validate_state(state, self.fingerprint)
+        epoch, consumed = validate_state(state, self.fingerprint, self.fingerprint_parts)
         total = self.num_samples(epoch)
         require(consumed <= total, StateError,
                 f"state has consumed={consumed} but epoch {epoch} holds {total} samples: it was taken on other data "
@@ -404,7 +411,9 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     when initialised, else ``0``/``1``. ``batch_size`` is per rank; the global
     batch is ``world_size // replication * batch_size``. ``end`` is read from
     the dataset's config; passing it is allowed only to repeat it. An epoch
-    with no step for this topology is refused (``TopologyError``) unless
+    with no step for this topology is refused (``TopologyError``; ``EmptyDataError``
+    naming the source when a dataset's ``explain_short_epoch(epoch)`` says an
+    empty source cut the epoch short, as ``MixedDataset``'s does) unless
     ``allow_empty_epoch=True`` (a conformance kit comparing tiny corpora with
     the reference wants the empty loader). Extra keyword arguments go to the
     DataLoader (``timeout``, ``worker_init_fn``, ...).
@@ -423,6 +432,9 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     if not allow_empty_epoch:
         epoch = sampler.position()[0]
         total, config = sampler.num_samples(epoch), sampler.config
+        explain = getattr(dataset, "explain_short_epoch", None)
+        reason = explain(epoch) if callable(explain) and steps_in_epoch(total, config) == 0 else None
+        require(reason is None, EmptyDataError, f"this loader would yield no batch in epoch {epoch}: {reason}")
         require(steps_in_epoch(total, config) > 0, TopologyError,
                 f"epoch {epoch} holds {total} samples, but one step takes world_size // replication x batch_size = "
                 f"{config.data_parallel_size} x {config.batch_size} = {config.global_batch_size} of them "

@@ -69,7 +69,14 @@ from reference.mixing import (
 )
 from reference.packing import PackingConfig
 from reference.partition import PADDING
-from reference.resume import MixtureConfig, canonical_json, mixture_fingerprint
+from reference.resume import (
+    MixtureConfig,
+    canonical_json,
+    mixture_fingerprint,
+    mixture_level_parts,
+    mixture_parts,
+    part_hash,
+)
 from reference.rng import Stream
 
 __all__ = ["MixPlan", "MixedDataset", "SampleKey", "StreamConfig", "balance_remaining", "interleave_datasets", "mix_plan",
@@ -506,7 +513,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             self.config: MixtureConfig | None = MixtureConfig(
                 sources=tuple(configs), mixing=self.mix_config, end=end, weight_fn=weight_fn,  # type: ignore[arg-type]
                 streams=self.streams, epoch_size=epoch_size, batching_method=batching_method, allow_repeat=allow_repeat)
-            self.fingerprint = mixture_fingerprint(_data_fingerprints(self.sources), self.config)
+            data = _data_fingerprints(self.sources)
+            self.fingerprint = mixture_fingerprint(data, self.config)
+            #: The fingerprint's components (RES-8): a refused state names the ones that differ.
+            self.fingerprint_parts = mixture_parts(data, self.config)
             packing = self.config.packing
             self._pad: dict[str, np.ndarray] | None = {name: row[0] for name, row in padding_rows(1, packing).items()}
         else:
@@ -518,6 +528,11 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                                                    [dataclasses.asdict(x) for x in streams],
                                                    "epoch_size": epoch_size, "batching_method": batching_method}}
             self.fingerprint = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+            self.fingerprint_parts = {f"source_{i}_data": part_hash(p) for i, p in enumerate(prints)}
+            self.fingerprint_parts.update(mixture_level_parts(
+                {"weights": self.mix_config.weights, "stopping": stopping, "seed": seed}, end, _name(weight_fn),
+                None if streams is None else {"streams": [dataclasses.asdict(x) for x in streams],
+                                              "epoch_size": epoch_size, "batching_method": batching_method}))
             self._pad = None
         self._plans: collections.OrderedDict[int, MixPlan] = collections.OrderedDict()
         self._shape = self._check_shapes()
@@ -596,6 +611,29 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     def num_samples(self, epoch: int) -> int:
         return len(self.plan(epoch).source)
+
+    def explain_short_epoch(self, epoch: int) -> str | None:
+        """Why epoch ``epoch`` is too short for a step, when an empty source cut it short (MIX-6, MIX-9); else None.
+
+        Why: under ``first_exhausted`` an empty source ends the mixed stream
+        the first time it is chosen, so the loader's "no step" error would
+        otherwise blame the batch size. ``impl.loader.build_dataloader`` asks.
+        """
+        if self.streams is not None or self.mix_config.stopping != "first_exhausted":
+            return None
+        weights = self.mix_config.weights
+        empty = [i for i, n in enumerate(self.source_sizes(epoch))
+                 if n == 0 and (weights is None or self.weight_fn is not None or weights[i] > 0)]
+        if not empty:
+            return None
+        i = empty[0]
+        zero = ("give it weight 0 in weights=" if weights is not None and self.weight_fn is None else
+                "pass weights= giving it weight 0" if self.weight_fn is None else "make weight_fn give it weight 0")
+        return (f"sources[{i}] ({_describe(self.sources[i])}) holds no sample in epoch {epoch}, and under "
+                "stopping='first_exhausted' the mixed stream ends the first time an empty source is chosen (MIX-6, "
+                f"MIX-9), so the epoch holds {self.num_samples(epoch)} samples; drop sources[{i}] from the mixture, "
+                f"{zero}, or use stopping='all_exhausted' (every sample of the other sources once) or "
+                "'all_exhausted_oversample', which skip an empty source")
 
     def __len__(self) -> int:
         return self.num_samples(self.epoch)
@@ -837,6 +875,15 @@ def _shared_packing(sources: Sequence[Any]) -> PackingConfig | None:
         return None
     packings = {src.config.packing for src in sources}
     return packings.pop() if len(packings) == 1 else None
+
+
+def _describe(source: Any) -> str:
+    """A source in words: a ``PackedDataset``'s store (and split), else its type."""
+    store = getattr(source, "store", None)
+    if store is None or not hasattr(store, "path"):
+        return type(source).__name__
+    split = getattr(store, "notation", None)
+    return f"{type(source).__name__} over " + (f"split={split!r} of " if split else "") + f"the store at {store.path}"
 
 
 def _name(fn: Any) -> str | None:

@@ -124,6 +124,20 @@ class SplitStore:
         return Path(self.base.path)
 
     @property
+    def notation(self) -> str:
+        """The split as the user wrote it: ``"train[99%:]"`` where the bounds fit the notation, else the pair.
+
+        Why: an error about a split must name the split, not only its store.
+
+        >>> slice_store(store, "99%", None).notation, slice_store(store, 0.5, None).notation   # doctest: +SKIP
+        ('train[99%:]', '(0.5, None)')
+        """
+        if all(b is None or (isinstance(b, int) and not isinstance(b, bool)) or isinstance(b, str) for b in self.bounds):
+            return f"{STORE_SPLIT}[{'' if self.bounds[0] is None else self.bounds[0]}:" \
+                   f"{'' if self.bounds[1] is None else self.bounds[1]}]"
+        return repr(self.bounds)
+
+    @property
     def data_fingerprint(self) -> str:
         return str(self.base.fingerprint)
 

@@ -10,7 +10,7 @@ stream, across epoch boundaries too (RES-1). Because the state counts samples
 of the *global* stream, it is independent of world size, batch size and worker
 count (RES-4, RES-5).
 
-Clauses: RES-1 .. RES-7, SPLIT-8, MIX-13, MIX-14, MIX-17, MIX-18.
+Clauses: RES-1 .. RES-8, SPLIT-8, MIX-13, MIX-14, MIX-17, MIX-18.
 
 Worked example (3 documents of 3 tokens, L = 2, one document per sample, so each is split into
 2 chunks and the epoch holds 6 samples; two ranks, B = 1)::
@@ -51,10 +51,14 @@ from reference.partition import PADDING, End, PartitionConfig, advance, data_par
 from reference.splits import STORE_SPLIT, Bound, parse_bounds, resolve_bound, resolve_slice, split_corpus
 
 STATE_FORMAT = "loadspec.state"
-STATE_VERSION = 1
-SUPPORTED_STATE_VERSIONS = (1,)
+STATE_VERSION = 2
+SUPPORTED_STATE_VERSIONS = (1, 2)
 """The state versions this loadspec reads: exact values, not a bound (0, -1 or "1" are no version it wrote)."""
-STATE_KEYS = frozenset({"format", "version", "fingerprint", "epoch", "consumed"})
+STATE_KEYS = frozenset({"format", "version", "fingerprint", "parts", "epoch", "consumed"})
+STATE_KEYS_BY_VERSION = {1: STATE_KEYS - {"parts"}, 2: STATE_KEYS}
+"""Version 1 states carry no ``parts``: they load when their fingerprint matches, and a mismatch is not explained."""
+PART_HEX = 16
+"""Hex digits of each fingerprint part (RES-8): enough to tell two components apart, short enough to stay O(K)."""
 MAX_STATE_INT = 2**63 - 2
 """Largest ``epoch`` / ``consumed`` a state may hold: batches carry both as int64, and ``epoch + 1`` must fit too."""
 PAD_SAMPLE_INDEX = PADDING
@@ -293,6 +297,126 @@ def mixture_fingerprint(data_fingerprints: Sequence[str], config: MixtureConfig)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def part_hash(value: Any) -> str:
+    """The first ``PART_HEX`` hex digits of the sha256 of ``value``'s canonical JSON: one fingerprint part (RES-8)."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:PART_HEX]
+
+
+PIPELINE_PARTS = ("data", "ordering", "packing", "split", "end")
+"""What a pipeline's fingerprint covers, part by part (RES-8); a mixture holds them per source, ``source_<i>_<part>``."""
+
+
+def pipeline_parts(data_fingerprint: str, config: PipelineConfig) -> dict[str, str]:
+    """The components of ``pipeline_fingerprint(data_fingerprint, config)``, each a short hash (RES-8).
+
+    They only explain a refusal: the fingerprint alone decides whether a
+    state loads (RES-3).
+
+    >>> p = pipeline_parts("d" * 64, PipelineConfig(packing=PackingConfig(seq_len=4)))
+    >>> sorted(p), len(p["packing"])
+    (['data', 'end', 'ordering', 'packing', 'split'], 16)
+    >>> q = pipeline_parts("d" * 64, PipelineConfig(packing=PackingConfig(seq_len=8)))
+    >>> [k for k in p if p[k] != q[k]]
+    ['packing']
+    """
+    return {"data": part_hash(data_fingerprint), "ordering": part_hash(asdict(config.ordering)),
+            "packing": part_hash(asdict(config.packing)),
+            "split": part_hash(None if config.split is None else list(config.split)), "end": part_hash(config.end)}
+
+
+def mixture_level_parts(mixing: Mapping[str, Any], end: str, weight_fn: str | None,
+                        streams: Any = None) -> dict[str, str]:
+    """The mixture-wide components of a mixture fingerprint (RES-8): weights, seed, stopping, end, weight_fn, streams.
+
+    ``mixing`` is the MixConfig as JSON (``weights``, ``stopping``,
+    ``seed``); ``streams`` the streams with ``epoch_size`` and
+    ``batching_method`` (None without streams).
+    """
+    return {"weights": part_hash(mixing.get("weights")), "mix_seed": part_hash(mixing.get("seed")),
+            "stopping": part_hash(mixing.get("stopping")), "mix_end": part_hash(end),
+            "weight_fn": part_hash(weight_fn), "streams": part_hash(streams)}
+
+
+def mixture_parts(data_fingerprints: Sequence[str], config: MixtureConfig) -> dict[str, str]:
+    """The components of ``mixture_fingerprint``: each source's pipeline parts, then the mixture's (RES-8).
+
+    >>> p = PipelineConfig(packing=PackingConfig(seq_len=4))
+    >>> parts = mixture_parts(["d0", "d1"], MixtureConfig(sources=(p, p)))
+    >>> len(parts), parts["source_1_data"] == part_hash("d1")
+    (16, True)
+    """
+    require(len(data_fingerprints) == len(config.sources), ConfigError,
+            f"{len(data_fingerprints)} data fingerprints for {len(config.sources)} sources; pass one per source")
+    out: dict[str, str] = {}
+    for i, (data, source) in enumerate(zip(data_fingerprints, config.sources)):
+        out.update({f"source_{i}_{k}": v for k, v in pipeline_parts(data, source).items()})
+    mixture = config.to_json()
+    streams = None if config.streams is None else {k: mixture[k] for k in ("streams", "epoch_size", "batching_method")}
+    out.update(mixture_level_parts(mixture["mixing"], config.end, mixture["weight_fn"], streams))
+    return out
+
+
+_PART_WHAT = {
+    "data": ("data differs", "the store was rebuilt or is another store: other documents, tokenizer or build options"),
+    "ordering": ("ordering differs", "shuffle, seed or window"),
+    "packing": ("packing differs", "seq_len, mode or another packing option"),
+    "split": ("split differs", "another split= of the store"),
+    "end": ("end policy differs", "end='drop_last', 'pad' or 'even'"),
+    "weights": ("weights differ", "weights="),
+    "mix_seed": ("mix seed differs", "the mixture's seed="),
+    "stopping": ("stopping strategy differs", "stopping="),
+    "mix_end": ("end policy differs", "the mixture's end="),
+    "weight_fn": ("weight_fn differs", "another function, by qualified name"),
+    "streams": ("streams differ", "streams=, epoch_size= or batching_method="),
+}
+
+
+def _source_count(parts: Mapping[str, Any]) -> int:
+    return sum(1 for k in parts if k.startswith("source_") and k.endswith("_data"))
+
+
+def _source_parts(parts: Mapping[str, Any], i: int) -> tuple[Any, ...]:
+    return tuple(parts.get(f"source_{i}_{k}") for k in PIPELINE_PARTS)
+
+
+def mismatch_reasons(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs between a checkpoint's fingerprint parts and this pipeline's, in words (RES-8).
+
+    Sources that moved are named as a swap (matching every part of a
+    source); the rest is listed part by part. Empty when the parts say
+    nothing (a version-1 state, or parts that agree).
+
+    >>> p = PipelineConfig(packing=PackingConfig(seq_len=4))
+    >>> ab, ba = mixture_parts(["a", "b"], MixtureConfig(sources=(p, p))), mixture_parts(["b", "a"], MixtureConfig(sources=(p, p)))
+    >>> mismatch_reasons(ab, ba)
+    ["sources swapped: the checkpoint's source 0 is this mixture's source 1, the checkpoint's source 1 is this mixture's source 0"]
+    """
+    if not saved or not current:
+        return []
+    reasons: list[str] = []
+    k_saved, k_now = _source_count(saved), _source_count(current)
+    if k_saved != k_now:
+        what = [f"a mixture of {k} sources" if k else "a single pipeline" for k in (k_saved, k_now)]
+        return [f"the checkpoint is of {what[0]} but this is {what[1]}"]
+    if k_now:
+        old = [_source_parts(saved, i) for i in range(k_now)]
+        new = [_source_parts(current, i) for i in range(k_now)]
+        if old != new and Counter(old) == Counter(new):
+            moved = [f"the checkpoint's source {i} is this mixture's source {new.index(o)}"
+                     for i, o in enumerate(old) if o != new[i]]
+            reasons.append("sources swapped: " + ", ".join(moved))
+        else:
+            for i in range(k_now):
+                for k in PIPELINE_PARTS:
+                    if saved.get(f"source_{i}_{k}") != current.get(f"source_{i}_{k}"):
+                        short, detail = _PART_WHAT[k]
+                        reasons.append(f"source {i}'s {short} ({detail})")
+    for k, (short, detail) in _PART_WHAT.items():
+        if k in current and saved.get(k) != current.get(k):
+            reasons.append(f"the checkpoint's {short} ({detail})")
+    return reasons
+
+
 def mixture_items(source_sizes: Sequence[int], config: MixtureConfig, epoch: int) -> list[tuple[int, int]]:
     """Epoch ``epoch``'s mixed stream of ``(source, sample index within the source's epoch)`` (MIX-13, MIX-15)."""
     if config.streams is not None:
@@ -354,7 +478,9 @@ class ReferenceLoader:
         self.config = config
         self.topology = topology
         self.partition = topology.partition(config.end)
-        self.fingerprint = pipeline_fingerprint(data_fingerprint or corpus_fingerprint(corpus), config)
+        data = data_fingerprint or corpus_fingerprint(corpus)
+        self.fingerprint = pipeline_fingerprint(data, config)
+        self.parts = pipeline_parts(data, config)
         self.epoch = 0
         self.consumed = 0
         self._samples: tuple[int, list[Sample]] | None = None
@@ -390,10 +516,10 @@ class ReferenceLoader:
         self.epoch, self.consumed = epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
-        return make_state(self.fingerprint, self.epoch, self.consumed)
+        return make_state(self.fingerprint, self.epoch, self.consumed, self.parts)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        epoch, consumed = validate_state(state, self.fingerprint)
+        epoch, consumed = validate_state(state, self.fingerprint, self.parts)
         total = len(self.samples(epoch))
         require(consumed <= total, StateError,
                 f"state has consumed={consumed} but epoch {epoch} holds {total} samples: it was taken on other data "
@@ -445,6 +571,7 @@ class MixtureReferenceLoader(ReferenceLoader):
         prints = data_fingerprints or [corpus_fingerprint(c) for c in sources]
         self.fingerprint = mixture_fingerprint(prints, config)
         check_distinct_sources(source_rows(prints, sources, config), allow_repeat=config.allow_repeat)
+        self.parts = mixture_parts(prints, config)
         self.epoch = 0
         self.consumed = 0
         self._samples = None
@@ -463,19 +590,26 @@ class MixtureReferenceLoader(ReferenceLoader):
         return self._mixed[1][index]
 
 
-def make_state(fingerprint: str, epoch: int, consumed: int) -> dict[str, Any]:
-    """The whole resume state (RES-2): JSON primitives, a format, a version and a fingerprint."""
+def make_state(fingerprint: str, epoch: int, consumed: int, parts: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The whole resume state (RES-2): JSON primitives, a format, a version, a fingerprint and its parts (RES-8).
+
+    ``parts`` (``pipeline_parts`` / ``mixture_parts``; empty for a dataset
+    that offers none) only explain a refusal: the fingerprint decides.
+    """
     return {"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": fingerprint,
-            "epoch": epoch, "consumed": consumed}
+            "parts": dict(parts or {}), "epoch": epoch, "consumed": consumed}
 
 
-def validate_state(state: Mapping[str, Any], fingerprint: str) -> tuple[int, int]:
+def validate_state(state: Mapping[str, Any], fingerprint: str,
+                   parts: Mapping[str, str] | None = None) -> tuple[int, int]:
     """Refuse a state that loadspec did not write or that does not fit, with the reason and the fix (RES-3).
 
     Checked in order: a mapping; the format; the version, one of
     ``SUPPORTED_STATE_VERSIONS`` exactly (an int, not a bool or a string);
-    exactly the keys of ``STATE_KEYS``; the fingerprint; ``epoch`` and
-    ``consumed`` integers in ``[0, MAX_STATE_INT]``. Returns ``(epoch, consumed)``.
+    exactly the keys of that version (``STATE_KEYS_BY_VERSION``); ``parts``
+    a dict of strings; the fingerprint, whose refusal names the parts that
+    differ from ``parts`` (RES-8); ``epoch`` and ``consumed`` integers in
+    ``[0, MAX_STATE_INT]``. Returns ``(epoch, consumed)``.
 
     >>> good = make_state("f" * 64, 2, 10)
     >>> validate_state(good, "f" * 64)
@@ -483,7 +617,7 @@ def validate_state(state: Mapping[str, Any], fingerprint: str) -> tuple[int, int
     >>> validate_state(dict(good, version=0), "f" * 64)
     Traceback (most recent call last):
     ...
-    reference.errors.StateError: state version 0 is not one this loadspec reads (supported: 1): a state from a newer loadspec needs that version (upgrade loadspec); any other value was not written by loadspec
+    reference.errors.StateError: state version 0 is not one this loadspec reads (supported: 1, 2): a state from a newer loadspec needs that version (upgrade loadspec); any other value was not written by loadspec
     """
     require(isinstance(state, Mapping), StateError,
             f"state must be a dict (a loader's state_dict()), got {type(state).__name__}; pass the dict you saved")
@@ -495,15 +629,24 @@ def validate_state(state: Mapping[str, Any], fingerprint: str) -> tuple[int, int
             f"state version {version!r} is not one this loadspec reads (supported: "
             f"{', '.join(map(str, SUPPORTED_STATE_VERSIONS))}): a state from a newer loadspec needs that version "
             "(upgrade loadspec); any other value was not written by loadspec")
-    keys = set(state)
-    require(keys == STATE_KEYS, StateError,
-            f"state keys {sorted(keys)} are not {sorted(STATE_KEYS)} (missing: {sorted(STATE_KEYS - keys)}, "
-            f"extra: {sorted(keys - STATE_KEYS)}): it was edited or written by another tool; "
+    assert isinstance(version, int)
+    keys, wanted = set(state), STATE_KEYS_BY_VERSION[version]
+    require(keys == wanted, StateError,
+            f"state keys {sorted(keys)} are not {sorted(wanted)} (missing: {sorted(wanted - keys)}, "
+            f"extra: {sorted(keys - wanted)}): it was edited or written by another tool; "
             "pass the dict state_dict() returned, unchanged")
-    require(state.get("fingerprint") == fingerprint, StateError,
-            f"state fingerprint {str(state.get('fingerprint'))[:12]}… does not match this data and config "
-            f"({fingerprint[:12]}…): the checkpoint belongs to another dataset or pipeline configuration; "
-            "restore the original data/config or start from a fresh state")
+    saved = state.get("parts", {})
+    require(isinstance(saved, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in saved.items()),
+            StateError, f"state parts ({type(saved).__name__}) must be a dict of strings (the fingerprint's "
+            "components): it was edited or written by another tool; pass the dict state_dict() returned, unchanged")
+    if state.get("fingerprint") != fingerprint:
+        reasons = mismatch_reasons(saved, parts or {})
+        why = ("; ".join(reasons) + "; a state resumes only the data and config it was taken on: restore the "
+               "checkpoint's (the parts named), or start from a fresh state") if reasons else (
+            "the checkpoint belongs to another dataset or pipeline configuration; restore the original data/config "
+            "or start from a fresh state")
+        raise StateError(f"state fingerprint {str(state.get('fingerprint'))[:12]}… does not match this data and "
+                         f"config ({fingerprint[:12]}…): {why}")
     epoch, consumed = state["epoch"], state["consumed"]
     for name, value in (("epoch", epoch), ("consumed", consumed)):
         require(type(value) is int and 0 <= value <= MAX_STATE_INT, StateError,

@@ -457,3 +457,13 @@ def test_bad_configurations_raise_typed_errors_naming_the_fix(workdir):
                         what="from_config with a PackingConfig", mentions=["PipelineConfig"])
     assert_raises_typed(ConfigError, PackedDataset, 42, seq_len=4, clause="PACK-21", what="a store that is a number",
                         mentions=["TokenStore"])
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_naming_the_path_and_that_it_is_a_file(workdir):
+    store = make_store(CORPUS, workdir / "store")
+    afile = workdir / "plans.txt"
+    afile.write_text("not a directory")
+    for cache_dir, mentions in ((afile, [repr(str(afile)), "is a file"]),
+                                (afile / "plans", [repr(str(afile / "plans")), repr(str(afile)), "is a file"])):
+        assert_raises_typed(ConfigError, PackedDataset, store, seq_len=4, cache_dir=cache_dir, clause="cache_dir",
+                            what=f"cache_dir={cache_dir}", mentions=mentions)

@@ -126,6 +126,17 @@ def test_a_tokenizer_without_eos_is_refused_unless_the_boundary_token_is_named(t
     assert tok.eos_token is None, "the caller's tokenizer must not be modified"
 
 
+def test_an_eos_token_missing_from_the_vocabulary_is_told_a_token_it_has_never_the_rejected_one(tmp_path):
+    split = datasets.Dataset.from_dict({"text": ["the end", "a b a b", "the a"]})
+    for tok, own in ((_word_tokenizer(eos=False), None), (_word_tokenizer(eos=True), "</s>")):
+        with pytest.raises(TokenizerError) as info:
+            HuggingFaceDataset(split, tok, seq_len=3, cache_dir=tmp_path, eos_token="<|endoftext|>")
+        message = str(info.value)
+        offered = message.split("name a token it has:", 1)[1]
+        assert "'</s>'" in offered and "<|endoftext|>" not in offered, message
+        assert (own is None) == ("eos_token=None" not in message), message
+
+
 def test_bad_splits_are_refused_with_typed_errors(tmp_path, gpt2):
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": TEXTS})})
     assert_raises_typed(ConfigError, HuggingFaceDataset, dd, gpt2, seq_len=8, cache_dir=tmp_path, clause="HF",
@@ -148,3 +159,12 @@ def test_a_split_of_empty_texts_is_refused_naming_text_field_not_options_the_cla
                                 mentions=["no trainable label", "text_field='text'"])
     for absent in ("add_eos", "add_bos", "packing"):
         assert absent not in str(error), f"HuggingFaceDataset has no {absent}= option, yet: {error}"
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_as_a_config_error_naming_it(tmp_path):
+    split = datasets.Dataset.from_dict({"text": ["the end", "a b a b", "the a"]})
+    afile = tmp_path / "cache"
+    afile.write_text("not a directory")
+    assert_raises_typed(ConfigError, HuggingFaceDataset, split, _word_tokenizer(eos=True), seq_len=3, cache_dir=afile,
+                        clause="HF", what="cache_dir is a file", mentions=[repr(str(afile)), "is a file"])
+    assert afile.read_text() == "not a directory", "the file must be left alone"

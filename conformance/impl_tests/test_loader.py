@@ -114,6 +114,38 @@ def test_a_state_of_other_data_is_refused_naming_the_fingerprint():
                         what="a state of other data", mentions=["fingerprint"])
 
 
+@pytest.mark.clause("RES-8")
+def test_a_refused_state_names_the_packing_split_or_data_that_differs_and_equals_the_reference_state():
+    loader = build_dataloader(dataset(), batch_size=1)
+    state = loader.state_dict()
+    store_fp = dataset().store.fingerprint
+    assert_equal(state, ReferenceLoader(CORPUS, CONFIG, data_fingerprint=store_fp).state_dict(), clause="RES-8",
+                 what="a fresh state, parts included")
+    rebuilt = dataset([[[t + 1 for t in doc] for doc in f] for f in CORPUS])
+    cases = [(dataset(config=PipelineConfig(packing=PackingConfig(seq_len=5, mode="concat"), ordering=CONFIG.ordering)),
+              ["packing differs", "seq_len"]),
+             (dataset(config=PipelineConfig(packing=CONFIG.packing, ordering=CONFIG.ordering, split="train[:80%]")),
+              ["split differs"]),
+             (dataset(config=PipelineConfig(packing=CONFIG.packing, ordering=OrderingConfig(kind="global", seed=6))),
+              ["ordering differs", "seed"]),
+             (rebuilt, ["data differs", "rebuilt"])]
+    for other, mentions in cases:
+        assert_raises_typed(StateError, build_dataloader(other, batch_size=1).load_state_dict, state, clause="RES-8",
+                            what=f"a state loaded into {other.config}", mentions=["fingerprint", *mentions])
+
+
+@pytest.mark.clause("RES-8")
+def test_a_version_1_state_without_parts_loads_when_its_fingerprint_matches():
+    loader = build_dataloader(dataset(), batch_size=1)
+    v1 = {k: v for k, v in loader.state_dict().items() if k != "parts"} | {"version": 1, "consumed": 3}
+    loader.load_state_dict(v1)
+    assert_equal(loader.consumed, 3, clause="RES-8", what="consumed after a version-1 state")
+    other = build_dataloader(dataset(config=PipelineConfig(packing=PackingConfig(seq_len=5, mode="concat"))),
+                             batch_size=1)
+    assert_raises_typed(StateError, other.load_state_dict, v1, clause="RES-8", what="a version-1 state of another config",
+                        mentions=["fingerprint", "another dataset or pipeline configuration"])
+
+
 @pytest.mark.clause("RES-3")
 def test_a_future_version_or_a_foreign_format_is_refused():
     loader = build_dataloader(dataset(), batch_size=1)
@@ -180,7 +212,7 @@ def test_the_state_survives_a_json_round_trip_and_resumes_at_the_same_batch():
     text = json.dumps(first.state_dict())
     state = json.loads(text)
     check(state == first.state_dict() and len(text) < 512, clause="RES-2", what=f"state {text} is not small JSON")
-    check(set(state) == {"format", "version", "fingerprint", "epoch", "consumed"}, clause="RES-2",
+    check(set(state) == {"format", "version", "fingerprint", "parts", "epoch", "consumed"}, clause="RES-2",
           what=f"state keys {sorted(state)}")
     resumed = build_dataloader(dataset(), batch_size=3)
     resumed.load_state_dict(state)
@@ -191,9 +223,9 @@ def test_the_state_survives_a_json_round_trip_and_resumes_at_the_same_batch():
 @pytest.mark.clause("RES-7")
 def test_the_state_moves_to_the_next_epoch_when_the_pass_ends_as_the_reference_does():
     loader = build_dataloader(dataset(), batch_size=4, end="drop_last")
-    reference = ReferenceLoader(CORPUS, CONFIG, Topology(batch_size=4))
+    reference = ReferenceLoader(CORPUS, CONFIG, Topology(batch_size=4), data_fingerprint=dataset().store.fingerprint)
     states = [loader.state_dict() for _ in loader]
-    expected = [dict(reference.state_dict(), fingerprint=loader.fingerprint) for _ in reference]
+    expected = [reference.state_dict() for _ in reference]
     assert_equal(states, expected, clause="RES-7", what="states inside the loop body, step by step")
     check((loader.epoch, loader.consumed) == (reference.epoch, reference.consumed) == (1, 0), clause="RES-7",
           what=f"position after the pass: {(loader.epoch, loader.consumed)}")

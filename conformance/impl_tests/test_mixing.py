@@ -59,6 +59,22 @@ def _reference_or_error(fn, *args, **kwargs):
 @pytest.mark.clause("MIX-2")
 @pytest.mark.clause("MIX-3")
 @pytest.mark.clause("MIX-6")
+@pytest.mark.clause("RES-8")
+def test_a_refused_mixture_state_names_swapped_sources_a_rebuilt_source_weights_or_seed(two_corpora, workdir):
+    web, code = two_corpora
+    state = build_dataloader(MixedDataset([web, code], weights=(0.7, 0.3), seed=1), batch_size=2).state_dict()
+    rebuilt = PackedDataset.from_config(build_store([[[5000 + 10 * d + t + 1 for t in range(5)] for d in range(11)]],
+                                                    workdir), code.config, cache_dir=False)
+    cases = [(MixedDataset([code, web], weights=(0.7, 0.3), seed=1),
+              ["sources swapped", "the checkpoint's source 0 is this mixture's source 1"]),
+             (MixedDataset([web, rebuilt], weights=(0.7, 0.3), seed=1), ["source 1's data differs", "rebuilt"]),
+             (MixedDataset([web, code], weights=(0.5, 0.5), seed=1), ["weights differ"]),
+             (MixedDataset([web, code], weights=(0.7, 0.3), seed=2), ["mix seed differs"])]
+    for mixed, mentions in cases:
+        assert_raises_typed(StateError, build_dataloader(mixed, batch_size=2).load_state_dict, state, clause="RES-8",
+                            what="a state of another mixture", mentions=["fingerprint", *mentions])
+
+
 @pytest.mark.clause("MIX-7")
 @pytest.mark.clause("MIX-8")
 @pytest.mark.clause("MIX-9")
@@ -510,3 +526,32 @@ def test_a_weight_fn_weighting_an_exhausted_source_draws_among_live_sources_by_t
     check(len(both_live) > 5000 and abs(share - 0.6) < 0.03, clause="MIX-4",
           what=f"source 1 got {share:.3f} of the {len(both_live)} draws after source 0 ran out, not 3 / (3 + 2) = 0.6",
           repro=repro)
+
+
+class _EmptySource:
+    """A map-style source with no sample (a filtered-out corpus), with the fingerprint a mixture needs."""
+
+    fingerprint = "e" * 64
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, index):
+        raise IndexError(index)
+
+
+@pytest.mark.clause("MIX-9")
+def test_an_empty_source_under_first_exhausted_is_named_in_the_error_not_blamed_on_the_batch_size(two_corpora):
+    web, _ = two_corpora
+    for weights, fix in ((None, "pass weights= giving it weight 0"), ((0.5, 0.5), "give it weight 0 in weights=")):
+        mixed = MixedDataset([web, _EmptySource()], weights=weights)
+        assert_raises_typed(EmptyDataError, build_dataloader, mixed, batch_size=2, clause="MIX-9",
+                            what=f"an empty sources[1] under first_exhausted, weights={weights}",
+                            mentions=["sources[1] (_EmptySource)", "first_exhausted", fix, "stopping='all_exhausted'",
+                                      "drop sources[1]"])
+        with pytest.raises(EmptyDataError) as info:
+            build_dataloader(mixed, batch_size=2)
+        check("batch_size" not in str(info.value), clause="MIX-9", what=f"the batch size blamed: {info.value}")
+    for fixed in (MixedDataset([web, _EmptySource()], weights=(1.0, 0.0)),
+                  MixedDataset([web, _EmptySource()], stopping="all_exhausted")):
+        check(len(build_dataloader(fixed, batch_size=2)) > 0, clause="MIX-9", what="a fix the message offers")

@@ -47,7 +47,8 @@ def test_the_readmes_training_snippet_runs_as_pasted_and_resumes_from_the_checkp
     (tmp_path / "data" / "kjv.jsonl").write_text("\n".join(lines[:30]) + "\n", encoding="utf-8")
     (tmp_path / "train.py").write_text(_readme_block("## Using it in training"), encoding="utf-8")
     for run in ("first", "resumed"):
-        done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                              check=False)
         assert done.returncode == 0, f"the {run} run of the README's training snippet failed:\n{done.stderr[-3000:]}"
         state = json.loads((tmp_path / "ckpt" / "loader.json").read_text())
         assert state["format"] == "loadspec.state" and state["epoch"] == 1, f"after the {run} run: {state}"

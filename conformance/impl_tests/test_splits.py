@@ -156,3 +156,14 @@ def test_a_mixture_of_two_training_splits_equals_the_reference_composition(seed,
     got = [(int(batch["source"][i]), tuple(batch["input_ids"][i].tolist())) for i in range(len(batch["source"]))]
     assert_equal(got, [(s, x.input_ids) for s, x in expected], clause="MIX-13", what="mixed samples of two splits",
                  repro={"seed": seed, "epoch": epoch, "stopping": stopping})
+
+
+@pytest.mark.clause("SPLIT-8")
+@pytest.mark.parametrize(("split", "shown"), [("train[99%:]", "split='train[99%:]'"), ((99, None), "split='train[99:]'"),
+                                              ((0.99, None), "split='(0.99, None)'")])
+def test_a_split_too_small_for_one_sample_is_named_in_the_error_not_only_its_store(split, shown, workdir):
+    store = build_store([[[d * 10 + t for t in range(1, 6)] for d in range(100)]], workdir)
+    assert_raises_typed(EmptyDataError, PackedDataset, store, seq_len=8, split=split, cache_dir=False, clause="SPLIT-8",
+                        what=f"split={split!r} holding one document of 5 tokens",
+                        mentions=[shown, "1 of its 100 documents", "widen the split"])
+    PackedDataset(store, seq_len=8, split="train[90%:]", cache_dir=False)

@@ -341,6 +341,22 @@ def test_token_ids_are_uint16_up_to_65536_ids_and_uint32_beyond(tmp_path):
     assert TokenStore.open(tmp_path / "u32").dtype == np.uint32
 
 
+def test_an_eos_token_missing_from_the_vocabulary_is_refused_offering_a_token_the_vocabulary_has(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    # named, but not a token of the vocabulary: no id (without an unk_token, which transformers would hand out instead)
+    tok = PreTrainedTokenizerFast(tokenizer_object=word_tokenizer(eos=False, bos=False).backend_tokenizer)
+    tok.eos_token = "<|endoftext|>"
+    with pytest.raises(TokenizerError) as info:
+        TokenStore.build(["alpha"], tok, tmp_path / "store", progress=False)
+    message = str(info.value)
+    assert "'<|endoftext|>', which is not in its vocabulary" in message and "add_eos=False" in message, message
+    assert "'<eos>'" in message, f"the vocabulary's own '<eos>' is not offered: {message}"
+    assert "eos_token='<|endoftext|>')" not in message and "holds '<|endoftext|>'" not in message, message
+    tok.eos_token = "<eos>"
+    assert TokenStore.build(["alpha"], tok, tmp_path / "store", progress=False)[0].tolist() == [4, 3]
+
+
 def test_a_tokenizer_without_eos_is_refused_when_add_eos_is_true(tmp_path):
     no_eos = word_tokenizer(eos=False, bos=False)
     with pytest.raises(TokenizerError, match="add_eos=False.*eos_token") as info:

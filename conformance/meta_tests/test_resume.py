@@ -26,6 +26,7 @@ from reference.resume import (
     corpus_fingerprint,
     epoch_samples,
     global_steps,
+    make_state,
     mixture_fingerprint,
     mixture_samples,
     pipeline_fingerprint,
@@ -64,9 +65,9 @@ def test_reference_state_is_small_json_of_epoch_and_consumed(corpus, config, k):
     take(loader, k)
     state = loader.state_dict()
     check(json.loads(json.dumps(state)) == state, clause="RES-2", what="JSON round trip")
-    assert_equal(sorted(state), ["consumed", "epoch", "fingerprint", "format", "version"], clause="RES-2",
+    assert_equal(sorted(state), ["consumed", "epoch", "fingerprint", "format", "parts", "version"], clause="RES-2",
                  what="state keys")
-    check(len(json.dumps(state)) < 256, clause="RES-2", what="state size")
+    check(len(json.dumps(state)) < 1024, clause="RES-2", what="state size")
 
 
 @pytest.mark.clause("RES-3")
@@ -75,7 +76,7 @@ def test_reference_refuses_foreign_future_mismatched_and_overlong_states():
     config = PipelineConfig(packing=PackingConfig(seq_len=2))
     loader = ReferenceLoader(corpus, config)
     good = loader.state_dict()
-    cases = [({"epoch": 0}, "format"), (dict(good, version=2), "version"), (dict(good, fingerprint="0" * 64), "fingerprint"),
+    cases = [({"epoch": 0}, "format"), (dict(good, version=3), "version"), (dict(good, fingerprint="0" * 64), "fingerprint"),
              (dict(good, consumed=99), "consumed"), (dict(good, epoch=-1), "epoch")]
     for state, word in cases:
         assert_raises_typed(StateError, loader.load_state_dict, state, clause="RES-3", what=f"state {state}",
@@ -302,3 +303,63 @@ def test_mixture_refuses_mismatched_sources_and_states_of_another_mixture():
           what="a mixture's fingerprint must differ from its first source's")
     assert_raises_typed(StateError, ba.load_state_dict, ab.state_dict(), clause="MIX-14",
                         what="a state of another mixture", mentions=["fingerprint"])
+
+
+@pytest.mark.clause("RES-8")
+def test_a_refused_state_names_the_part_of_the_pipeline_that_differs():
+    corpus = [[[1, 2, 3, 4, 5, 6, 7, 8, 9]]]
+    base = PipelineConfig(packing=PackingConfig(seq_len=2))
+    good = ReferenceLoader(corpus, base).state_dict()
+    cases = [(ReferenceLoader(corpus, PipelineConfig(packing=PackingConfig(seq_len=3))), ["packing differs", "seq_len"]),
+             (ReferenceLoader(corpus, dataclasses.replace(base, split="train[:50%]")), ["split differs"]),
+             (ReferenceLoader(corpus, dataclasses.replace(base, end="pad")), ["end policy differs"]),
+             (ReferenceLoader([[[1, 2, 3, 4, 5, 6, 7, 8, 10]]], base), ["data differs", "rebuilt"])]
+    for loader, mentions in cases:
+        assert_raises_typed(StateError, loader.load_state_dict, good, clause="RES-8", what=f"state of {loader.config}",
+                            mentions=["fingerprint", *mentions, "fresh state"])
+        other = ("packing", "split", "end", "data")
+        with pytest.raises(StateError) as info:
+            loader.load_state_dict(good)
+        named = [p for p in other if f"{p} differs" in str(info.value) or f"{p} policy differs" in str(info.value)]
+        assert_equal(len(named), 1, clause="RES-8", what=f"parts named in {info.value}")
+    check(len(json.dumps(good)) < 512, clause="RES-2", what="a one-source state with its parts")
+
+
+@pytest.mark.clause("RES-8")
+def test_a_refused_mixture_state_names_swapped_sources_rebuilt_sources_weights_and_seed():
+    p = PipelineConfig(packing=PackingConfig(seq_len=2, mode="chunk"))
+    web, code, books = [[[[b + i for i in range(7)]]] for b in (10, 100, 1000)]
+    mix = lambda sources, **kw: MixtureReferenceLoader(sources, MixtureConfig(sources=(p,) * len(sources),
+                                                                               mixing=MixConfig(**kw)))
+    good = mix([web, code], weights=(0.7, 0.3), seed=1).state_dict()
+    cases = [(mix([code, web], weights=(0.7, 0.3), seed=1),
+              ["sources swapped", "the checkpoint's source 0 is this mixture's source 1"]),
+             (mix([web, books], weights=(0.7, 0.3), seed=1), ["source 1's data differs", "rebuilt"]),
+             (mix([web, code], weights=(0.5, 0.5), seed=1), ["weights differ"]),
+             (mix([web, code], weights=(0.7, 0.3), seed=2), ["mix seed differs"]),
+             (mix([web, code, books], weights=(0.7, 0.2, 0.1), seed=1), ["mixture of 2 sources", "3"])]
+    for loader, mentions in cases:
+        assert_raises_typed(StateError, loader.load_state_dict, good, clause="RES-8", what="a state of another mixture",
+                            mentions=["fingerprint", *mentions])
+    with pytest.raises(StateError) as info:
+        cases[0][0].load_state_dict(good)
+    check("data differs" not in str(info.value), clause="RES-8", what=f"a swap blamed on the data: {info.value}")
+
+
+@pytest.mark.clause("RES-8")
+def test_the_fingerprint_alone_decides_and_a_version_1_state_still_loads():
+    corpus = [[[1, 2, 3, 4, 5, 6, 7, 8, 9]]]
+    loader = ReferenceLoader(corpus, PipelineConfig(packing=PackingConfig(seq_len=2)))
+    edited = dict(loader.state_dict(), consumed=2, parts={"packing": "0" * 16})
+    loader.load_state_dict(edited)
+    assert_equal(loader.consumed, 2, clause="RES-8", what="consumed after a state whose parts disagree")
+    v1 = {k: v for k, v in make_state(loader.fingerprint, 0, 4).items() if k != "parts"} | {"version": 1}
+    loader.load_state_dict(v1)
+    assert_equal(loader.consumed, 4, clause="RES-8", what="consumed after a version-1 state")
+    other = ReferenceLoader(corpus, PipelineConfig(packing=PackingConfig(seq_len=3)))
+    assert_raises_typed(StateError, other.load_state_dict, v1, clause="RES-8", what="a version-1 state of another config",
+                        mentions=["fingerprint", "another dataset or pipeline configuration"])
+    assert_raises_typed(StateError, loader.load_state_dict, dict(v1, parts={}), clause="RES-8",
+                        what="a version-1 state with parts", mentions=["extra: ['parts']"])
+    assert_raises_typed(StateError, loader.load_state_dict, dict(loader.state_dict(), parts=[1]), clause="RES-8",
+                        what="parts that are not a dict of strings", mentions=["parts", "dict of strings"])

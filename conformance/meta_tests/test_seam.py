@@ -40,7 +40,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "reference.resume": frozenset({"PipelineConfig", "Topology", "STATE_FORMAT", "STATE_VERSION",
                                    "SUPPORTED_STATE_VERSIONS", "STATE_KEYS", "MAX_STATE_INT", "PAD_SAMPLE_INDEX",
                                    "canonical_json", "corpus_fingerprint", "pipeline_fingerprint", "make_state",
-                                   "validate_state", "MixtureConfig", "mixture_fingerprint"}),
+                                   "validate_state", "MixtureConfig", "mixture_fingerprint", "pipeline_parts",
+                                   "mixture_parts", "mixture_level_parts", "part_hash"}),
 }
 """Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
 

@@ -72,7 +72,7 @@ from torch.utils.data import Dataset
 from impl._arrays import distinct_ints
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl._crc import crc32
-from impl.collation import SampleBatch, batch_cu_seqlens
+from impl.collation import SampleBatch, batch_cu_seqlens, sample_cu_seqlens
 from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
@@ -156,8 +156,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     (-1 padding), ``token_offsets`` (-1 padding / inserted BOS), all int64
     ``[seq_len]``; ``epoch`` and ``sample_index`` (0-d int64); and
     ``cu_seqlens`` (int32 ``[seq_len + 1]``): ``reference.collation.cu_seqlens
-    (position_ids)`` (a segment starts at every piece and at every padding
-    position), followed by repeats of ``seq_len`` so every sample has the same
+    (position_ids, doc_ids)`` (a segment starts at every piece, and the
+    padding at the row's end is one segment: COLL-11), followed by repeats of ``seq_len`` so every sample has the same
     shape and stacks in a batch (``cu[:k]`` with k the first index holding
     ``seq_len``, plus one, is the reference's list).
 
@@ -562,12 +562,9 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         else:
             out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch))
             del out["document_starts"]
-        starts = np.flatnonzero(out["position_ids"] == 0)
-        cu = np.full(p.seq_len + 1, p.seq_len, dtype=np.int32)
-        cu[:len(starts)] = starts
         out["epoch"] = np.array(epoch, dtype=np.int64)
         out["sample_index"] = np.array(index, dtype=np.int64)
-        out["cu_seqlens"] = cu
+        out["cu_seqlens"] = sample_cu_seqlens(out["position_ids"], out["doc_ids"])
         return out
 
     def __getitem__(self, key: int | SampleKey) -> dict[str, torch.Tensor]:
@@ -598,7 +595,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         cu: Any = out.pop("cu_seqlens", None)
         max_seqlen: Any = out.pop("max_seqlen", None)
         if cu is None:
-            cu, max_seqlen = batch_cu_seqlens(out["position_ids"])
+            cu, max_seqlen = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
         out["epoch"] = np.array(epochs, dtype=np.int64)
         out["sample_index"] = np.array(indices, dtype=np.int64)
         out["cu_seqlens"], out["max_seqlen"] = cu, max_seqlen
@@ -620,7 +617,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if resolved is None:   # a key beyond int64: stack the rows one by one
             rows = [self.sample(*self._resolve(k)) for k in keys]
             out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
-            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
             return out
         return self._rows(*resolved)
 

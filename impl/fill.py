@@ -424,14 +424,15 @@ def _arange(n: int) -> np.ndarray:
 
 def _with_segments(out: dict[str, Any], heads: np.ndarray | None = None,
                    widths: np.ndarray | None = None) -> dict[str, Any]:
-    """Add ``cu_seqlens`` / ``max_seqlen`` (``batch_cu_seqlens`` of ``position_ids``); from the pieces when rows are full.
+    """Add ``cu_seqlens`` / ``max_seqlen`` (``batch_cu_seqlens`` of ``position_ids``, ``doc_ids``); from the pieces when rows are full.
 
     With every row full, the segments are exactly the pieces (a piece's
-    positions count 0, 1, ... from its head, and each row starts with a
-    piece), so no pass over the ``[B, L]`` positions is needed.
+    positions count 0, 1, ... from its head, each row starts with a piece,
+    and no padding run exists to be one segment, COLL-11), so no pass over
+    the ``[B, L]`` positions is needed.
     """
     if heads is None or widths is None:
-        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
     else:
         cu = np.empty(len(heads) + 1, dtype=np.int32)
         cu[:-1] = heads
@@ -451,7 +452,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``, equal to
     the reference's samples stacked (without ``document_starts``).
     With ``segments``, also ``cu_seqlens`` (int32) and ``max_seqlen``, as
-    ``batch_cu_seqlens(position_ids)`` gives them. ``reported`` (one id per
+    ``batch_cu_seqlens(position_ids, doc_ids)`` gives them. ``reported`` (one id per
     piece): the ids written to ``doc_ids`` instead of ``doc_ids`` (a
     mixture reads documents of ``TokenSource.concat`` but reports each
     source's own ids).

@@ -738,7 +738,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                     out[name] = np.empty((n, *value.shape[1:]), dtype=value.dtype)
                 out[name][rows] = value
         if "position_ids" in out:
-            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out.get("doc_ids"))
         out["epoch"], out["sample_index"] = epochs, indices
         out["source"], out["source_index"] = source, local
         return out

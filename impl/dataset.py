@@ -153,7 +153,9 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     ``ds[i]`` / ``ds[SampleKey(epoch, i)]`` return a dict of torch tensors:
     ``input_ids``, ``labels`` (IGNORE = -100), ``position_ids``, ``doc_ids``
-    (-1 padding), ``token_offsets`` (-1 padding / inserted BOS), all int64
+    (the document's index in the store's file-major order, under a split too,
+    so a train and an eval split never share one: SPLIT-9; the split's first
+    store row is ``first_document``; -1 padding), ``token_offsets`` (-1 padding / inserted BOS), all int64
     ``[seq_len]``; ``epoch`` and ``sample_index`` (0-d int64); and
     ``cu_seqlens`` (int32 ``[seq_len + 1]``): ``reference.collation.cu_seqlens
     (position_ids, doc_ids)`` (a segment starts at every piece, and the
@@ -242,6 +244,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                     f"{'starts' if token == 'BOS' else 'ends'} with {token}, so each would be doubled; set "
                     f"{name}=False (or rebuild the store with {name}=False)")
         self.store = store
+        self.first_document = store.rows.start if isinstance(store, SplitStore) else 0
         self.config = config
         self.epoch = int(epoch)
         self.fingerprint = pipeline_fingerprint(data_fingerprint, config)
@@ -560,7 +563,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if index == PADDING:
             out = {name: row[0] for name, row in padding_rows(1, p).items()}
         else:
-            out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch))
+            out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch),
+                              first_document=self.first_document)
             del out["document_starts"]
         out["epoch"] = np.array(epoch, dtype=np.int64)
         out["sample_index"] = np.array(index, dtype=np.int64)
@@ -582,14 +586,16 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if len(groups) <= 1:
             if groups:
                 epoch = groups[0]
-                out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch), segments=True)
+                out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch), segments=True,
+                                        first_document=self.first_document)
             else:   # only padding keys: no plan needed
                 out = _padding_batch(len(indices), p)
         else:
             out = _padding_batch(len(indices), p)
             for epoch in groups:
                 rows = np.flatnonzero(real & (epochs == epoch))
-                part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch))
+                part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch),
+                                         first_document=self.first_document)
                 for name in FIELDS:
                     out[name][rows] = part[name]
         cu: Any = out.pop("cu_seqlens", None)

@@ -152,12 +152,18 @@ def pipeline_fingerprint(data_fingerprint: str, config: PipelineConfig) -> str:
 
 
 def epoch_samples(corpus: Corpus, config: PipelineConfig, epoch: int) -> list[Sample]:
-    """The epoch's global sample stream: the split's documents (SPLIT-8) in ORD order, packed by PACK (RES-1)."""
+    """The epoch's global sample stream: the split's documents (SPLIT-8) in ORD order, packed by PACK (RES-1).
+
+    Document ids are the store's: a split's document ``d`` reports
+    ``rows.start + d`` (SPLIT-9), so two splits of one store never share an id.
+    """
+    first = 0
     if config.split is not None:
-        corpus = split_corpus(corpus, config.rows(sum(len(f) for f in corpus)))
+        rows = config.rows(sum(len(f) for f in corpus))
+        corpus, first = split_corpus(corpus, rows), rows.start
     documents = [doc for file in corpus for doc in file]
     order = epoch_order([len(f) for f in corpus], config.ordering, epoch)
-    return pack([(d, documents[d]) for d in order], config.packing)
+    return pack([(first + d, documents[d]) for d in order], config.packing)
 
 
 def padding_sample(config: PackingConfig) -> Sample:

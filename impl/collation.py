@@ -1,7 +1,7 @@
 """Collation on torch tensors: stacking packed samples into a batch, with varlen boundaries.
 
-Conforms to COLL-1, COLL-2 (``pad_stack_1d``) and COLL-8 (``cu_seqlens``,
-``max_seqlen``) of docs/SEMANTICS.md ("Collation"), mirroring
+Conforms to COLL-1, COLL-2 (``pad_stack_1d``) and COLL-8, COLL-11
+(``cu_seqlens``, ``max_seqlen``) of docs/SEMANTICS.md ("Collation"), mirroring
 ``reference.collation`` bit for bit; ``collate`` is the ``collate_fn`` of
 ``impl.loader``.
 
@@ -9,9 +9,10 @@ Why cu_seqlens over the flattened batch: varlen attention kernels
 (flash-attn's ``flash_attn_varlen_func``, torch's nested/jagged SDPA) take one
 long token sequence and the offsets where its segments start, so no token of a
 packed row attends to another document. A segment starts at every row start
-and wherever ``position_ids`` resets to 0 (COLL-8); a row starting mid-document
-(position != 0) still starts a segment, since the previous row is another
-sample.
+and wherever ``position_ids`` of a real token resets to 0 (COLL-8); a row
+starting mid-document (position != 0) still starts a segment, since the
+previous row is another sample. A run of padding (``doc_ids == -1``) is one
+segment (COLL-11), so a padded row adds one segment, not one per pad.
 
 Worked example (2 rows of 4 positions; row 0 holds documents of 3 and 1
 tokens, row 1 continues a document for 2 positions, then a new one)::
@@ -38,6 +39,7 @@ import torch
 
 from impl.errors import ConfigError, is_int, require
 from reference.collation import SIDES
+from reference.packing import NO_DOC
 
 __all__ = ["PaddingSide1D", "SampleBatch", "TokenPoolingType", "attention_mask", "batch_cu_seqlens", "collate",
            "cu_seqlens", "pad_stack_1d", "sample_cu_seqlens", "token_pooling_mask_from_attention_mask"]
@@ -78,53 +80,82 @@ def pad_stack_1d(items: Sequence[torch.Tensor | Sequence[int]], pad_value: float
     return out
 
 
-def batch_cu_seqlens(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
+def _segment_starts(position_ids: np.ndarray, doc_ids: np.ndarray | None) -> np.ndarray:
+    """The boolean ``[..., L]`` mask of segment starts (COLL-8, COLL-11): row starts, real resets, padding-run edges."""
+    starts: np.ndarray = position_ids == 0
+    if doc_ids is not None:
+        require(doc_ids.shape == position_ids.shape, ConfigError,
+                f"doc_ids has shape {tuple(doc_ids.shape)} but position_ids has {tuple(position_ids.shape)}; "
+                "pass the batch's doc_ids, one per position")
+        padding = doc_ids == NO_DOC
+        starts &= ~padding
+        starts[..., 1:] |= padding[..., 1:] != padding[..., :-1]
+    if position_ids.shape[-1]:
+        starts[..., 0] = True
+    return starts
+
+
+def batch_cu_seqlens(position_ids: np.ndarray, doc_ids: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """``cu_seqlens`` in numpy: int32 segment starts over the flattened ``[B, L]`` batch, plus the end.
 
     The one implementation: ``cu_seqlens`` wraps it for torch tensors, and
     the batched dataset path calls it on numpy rows before any tensor exists.
+    With ``doc_ids``, each run of padding (``doc_ids == -1``) is one segment
+    (COLL-11), and counts toward ``max_seqlen``.
 
     >>> batch_cu_seqlens(np.array([[0, 1, 2, 0], [5, 6, 0, 1]]))
     (array([0, 3, 4, 6, 8], dtype=int32), 3)
+    >>> batch_cu_seqlens(np.array([[0, 1, 0, 0], [0, 0, 0, 0]]), np.array([[3, 3, -1, -1], [-1, -1, -1, -1]]))
+    (array([0, 2, 4, 8], dtype=int32), 4)
     """
     rows, length = position_ids.shape
-    starts = position_ids == 0
-    if length:
-        starts[:, 0] = True
-    idx = np.flatnonzero(starts)
+    idx = np.flatnonzero(_segment_starts(position_ids, doc_ids))
     cu = np.empty(len(idx) + 1, dtype=np.int32)
     cu[:-1] = idx
     cu[-1] = rows * length
     return cu, (int(np.diff(cu).max()) if len(cu) > 1 else 0)
 
 
-def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Varlen boundaries of a ``[B, L]`` batch flattened to ``B*L`` tokens, and the longest segment (COLL-8).
+def cu_seqlens(position_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """Varlen boundaries of a ``[B, L]`` batch flattened to ``B*L`` tokens, and the longest segment (COLL-8, COLL-11).
 
     Returns ``(cu_seqlens, max_seqlen)``: int32 offsets ``[0, s_1, ..., B*L]``
-    where a segment starts at each row start and at each position-id reset to
-    0, so row ``r``'s part equals ``reference.collation.cu_seqlens(row) + r*L``.
+    where a segment starts at each row start, at each position-id reset to
+    0 of a real token, and where a run of padding (``doc_ids == -1``) begins
+    or ends, so row ``r``'s part equals
+    ``reference.collation.cu_seqlens(row, doc_row) + r*L``. Pass ``doc_ids``:
+    without them every padding position is a length-1 segment.
 
     >>> cu_seqlens(torch.tensor([[0, 1, 2, 0, 1, 0]]))
     (tensor([0, 3, 5, 6], dtype=torch.int32), 3)
+    >>> cu_seqlens(torch.tensor([[0, 1, 2, 0, 0, 0]]), torch.tensor([[7, 7, 7, -1, -1, -1]]))
+    (tensor([0, 3, 6], dtype=torch.int32), 3)
     """
     require(position_ids.dim() == 2, ConfigError,
             f"position_ids has shape {tuple(position_ids.shape)}; pass a [batch, seq_len] tensor")
-    cu, max_seqlen = batch_cu_seqlens(position_ids.numpy())
+    docs = None
+    if doc_ids is not None:
+        docs = torch.as_tensor(doc_ids).numpy()
+        require(not docs.size or int(docs.min()) >= NO_DOC, ConfigError,
+                f"doc_ids holds {int(docs.min())}; document ids are >= 0, and {NO_DOC} marks padding")
+    cu, max_seqlen = batch_cu_seqlens(position_ids.numpy(), docs)
     return torch.from_numpy(cu), max_seqlen
 
 
-def sample_cu_seqlens(position_ids: np.ndarray) -> np.ndarray:
+def sample_cu_seqlens(position_ids: np.ndarray, doc_ids: np.ndarray | None = None) -> np.ndarray:
     """One sample's ``cu_seqlens`` at fixed width: int32 ``[L + 1]``, the segment starts then repeats of ``L``.
 
-    Every position id 0 starts a segment; the fixed width lets samples of one
+    The segments are ``reference.collation.cu_seqlens(position_ids,
+    doc_ids)``'s (COLL-8, COLL-11); the fixed width lets samples of one
     batch stack (``PackedDataset.__getitem__``'s per-sample field).
 
     >>> sample_cu_seqlens(np.array([0, 1, 2, 0])).tolist()
     [0, 3, 4, 4, 4]
+    >>> sample_cu_seqlens(np.array([0, 1, 0, 0]), np.array([2, 2, -1, -1])).tolist()
+    [0, 2, 4, 4, 4]
     """
     length = len(position_ids)
-    starts = np.flatnonzero(position_ids == 0)
+    starts = np.flatnonzero(_segment_starts(position_ids, doc_ids))
     cu = np.full(length + 1, length, dtype=np.int32)
     cu[:len(starts)] = starts
     return cu
@@ -146,7 +177,7 @@ class SampleBatch(Sequence[dict[str, Any]]):
     >>> sb = SampleBatch({"input_ids": torch.tensor([[5, 6], [7, 8]]), "position_ids": torch.tensor([[0, 1], [1, 0]]),
     ...                   "cu_seqlens": torch.tensor([0, 2, 3, 4], dtype=torch.int32), "max_seqlen": 2})
     >>> len(sb), sb[1]["input_ids"].tolist(), sb[1]["cu_seqlens"].tolist()
-    (2, [7, 8], [1, 2, 2])
+    (2, [7, 8], [0, 1, 2])
     >>> collate(sb) is sb.batch
     True
     """
@@ -173,7 +204,8 @@ class SampleBatch(Sequence[dict[str, Any]]):
             raise IndexError(f"sample {index!r} of a batch of {n}: pass an int in [-{n}, {n})")
         sample = {name: value[index] for name, value in self.batch.items() if name not in _BATCH_ONLY}
         if "position_ids" in sample:
-            sample["cu_seqlens"] = torch.from_numpy(sample_cu_seqlens(sample["position_ids"].numpy()))
+            docs = sample["doc_ids"].numpy() if "doc_ids" in sample else None
+            sample["cu_seqlens"] = torch.from_numpy(sample_cu_seqlens(sample["position_ids"].numpy(), docs))
         return sample
 
     def __repr__(self) -> str:
@@ -194,7 +226,8 @@ def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str,
     full-length, fully masked sample, not a short one), so stacking never pads
     and never guesses a pad value. With ``position_ids`` present, adds
     ``cu_seqlens`` (int32) and ``max_seqlen`` (int) over the flattened batch
-    (COLL-8), replacing any per-sample ``cu_seqlens`` (``PackedDataset``
+    (COLL-8; with ``doc_ids`` present too, each padding run is one segment,
+    COLL-11), replacing any per-sample ``cu_seqlens`` (``PackedDataset``
     ships one per sample; the batch needs them over the flattened batch).
     0-d fields (``epoch``, ``sample_index``) become ``[B]``.
 
@@ -207,7 +240,8 @@ def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str,
         if "position_ids" not in batch or ("cu_seqlens" in batch and "max_seqlen" in batch):
             return batch if isinstance(batch, dict) else dict(batch)
         given = {key: value for key, value in batch.items() if key not in _BATCH_ONLY}
-        given["cu_seqlens"], given["max_seqlen"] = cu_seqlens(torch.as_tensor(given["position_ids"]))
+        docs = torch.as_tensor(given["doc_ids"]) if "doc_ids" in given else None
+        given["cu_seqlens"], given["max_seqlen"] = cu_seqlens(torch.as_tensor(given["position_ids"]), docs)
         return given
     require(len(batch) > 0, ConfigError, "batch is empty; collate needs at least one sample")
     keys = list(batch[0])
@@ -226,7 +260,7 @@ def collate(batch: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str,
                 "pad the rows first with impl.collation.pad_stack_1d")
         out[key] = torch.stack(values)
     if varlen:
-        out["cu_seqlens"], out["max_seqlen"] = cu_seqlens(out["position_ids"])
+        out["cu_seqlens"], out["max_seqlen"] = cu_seqlens(out["position_ids"], out.get("doc_ids"))
     return out
 
 

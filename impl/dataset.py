@@ -72,7 +72,7 @@ from torch.utils.data import Dataset
 from impl._arrays import distinct_ints
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl._crc import crc32
-from impl.collation import SampleBatch, batch_cu_seqlens
+from impl.collation import SampleBatch, batch_cu_seqlens, sample_cu_seqlens
 from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
@@ -175,11 +175,13 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     ``ds[i]`` / ``ds[SampleKey(epoch, i)]`` return a dict of torch tensors:
     ``input_ids``, ``labels`` (IGNORE = -100), ``position_ids``, ``doc_ids``
-    (-1 padding), ``token_offsets`` (-1 padding / inserted BOS), all int64
+    (the document's index in the store's file-major order, under a split too,
+    so a train and an eval split never share one: SPLIT-9; the split's first
+    store row is ``first_document``; -1 padding), ``token_offsets`` (-1 padding / inserted BOS), all int64
     ``[seq_len]``; ``epoch`` and ``sample_index`` (0-d int64); and
     ``cu_seqlens`` (int32 ``[seq_len + 1]``): ``reference.collation.cu_seqlens
-    (position_ids)`` (a segment starts at every piece and at every padding
-    position), followed by repeats of ``seq_len`` so every sample has the same
+    (position_ids, doc_ids)`` (a segment starts at every piece, and the
+    padding at the row's end is one segment: COLL-11), followed by repeats of ``seq_len`` so every sample has the same
     shape and stacks in a batch (``cu[:k]`` with k the first index holding
     ``seq_len``, plus one, is the reference's list).
 
@@ -264,6 +266,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                     f"{'starts' if token == 'BOS' else 'ends'} with {token}, so each would be doubled; set "
                     f"{name}=False (or rebuild the store with {name}=False)")
         self.store = store
+        self.first_document = store.rows.start if isinstance(store, SplitStore) else 0
         self.config = config
         self.epoch = int(epoch)
         self.fingerprint = pipeline_fingerprint(data_fingerprint, config)
@@ -591,14 +594,12 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if index == PADDING:
             out = {name: row[0] for name, row in padding_rows(1, p).items()}
         else:
-            out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch))
+            out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch),
+                              first_document=self.first_document)
             del out["document_starts"]
-        starts = np.flatnonzero(out["position_ids"] == 0)
-        cu = np.full(p.seq_len + 1, p.seq_len, dtype=np.int32)
-        cu[:len(starts)] = starts
         out["epoch"] = np.array(epoch, dtype=np.int64)
         out["sample_index"] = np.array(index, dtype=np.int64)
-        out["cu_seqlens"] = cu
+        out["cu_seqlens"] = sample_cu_seqlens(out["position_ids"], out["doc_ids"])
         return out
 
     def __getitem__(self, key: int | SampleKey) -> dict[str, torch.Tensor]:
@@ -616,20 +617,22 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if len(groups) <= 1:
             if groups:
                 epoch = groups[0]
-                out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch), segments=True)
+                out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch), segments=True,
+                                        first_document=self.first_document)
             else:   # only padding keys: no plan needed
                 out = _padding_batch(len(indices), p)
         else:
             out = _padding_batch(len(indices), p)
             for epoch in groups:
                 rows = np.flatnonzero(real & (epochs == epoch))
-                part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch))
+                part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch),
+                                         first_document=self.first_document)
                 for name in FIELDS:
                     out[name][rows] = part[name]
         cu: Any = out.pop("cu_seqlens", None)
         max_seqlen: Any = out.pop("max_seqlen", None)
         if cu is None:
-            cu, max_seqlen = batch_cu_seqlens(out["position_ids"])
+            cu, max_seqlen = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
         out["epoch"] = np.array(epochs, dtype=np.int64)
         out["sample_index"] = np.array(indices, dtype=np.int64)
         out["cu_seqlens"], out["max_seqlen"] = cu, max_seqlen
@@ -651,7 +654,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if resolved is None:   # a key beyond int64: stack the rows one by one
             rows = [self.sample(*self._resolve(k)) for k in keys]
             out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
-            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
             return out
         return self._rows(*resolved)
 

@@ -366,14 +366,16 @@ def _check_plan(plan: PackPlan, config: PackingConfig) -> None:
 
 
 def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSource,
-                doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+                doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None, *,
+                first_document: int = 0) -> dict[str, np.ndarray]:
     """Sample ``i`` of ``plan``: ``reference.packing.fill(plan, documents, config)[i]`` as numpy arrays.
 
     ``doc_ids`` maps the plan's input positions to global document ids (rows
     of ``source``): a callable such as ``impl.ordering.EpochOrder``, an array
     (``doc_ids[position]``), or None when positions are document ids. The
-    output's ``doc_ids`` field holds those ids, as ``fill`` reports the
-    document's id. Returns int64 arrays of length L (``input_ids``,
+    output's ``doc_ids`` field holds those ids plus ``first_document`` (the
+    store index of ``source``'s row 0 when ``source`` is a split: SPLIT-9), as
+    ``fill`` reports the document's id. Returns int64 arrays of length L (``input_ids``,
     ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``) and
     ``document_starts`` (where each piece begins). Cost O(log documents +
     pieces + L), independent of ``i``: it is ``materialize_batch`` of the one
@@ -390,7 +392,7 @@ def materialize(plan: PackPlan, i: int, config: PackingConfig, source: TokenSour
     """
     _check_plan(plan, config)
     plan.check_index(i)
-    rows = materialize_batch(plan, np.array([i], dtype=_I64), config, source, doc_ids)
+    rows = materialize_batch(plan, np.array([i], dtype=_I64), config, source, doc_ids, first_document=first_document)
     out = {name: values[0] for name, values in rows.items()}
     out["document_starts"] = np.flatnonzero((out["position_ids"] == 0) & (out["doc_ids"] != NO_DOC))
     return out
@@ -424,14 +426,15 @@ def _arange(n: int) -> np.ndarray:
 
 def _with_segments(out: dict[str, Any], heads: np.ndarray | None = None,
                    widths: np.ndarray | None = None) -> dict[str, Any]:
-    """Add ``cu_seqlens`` / ``max_seqlen`` (``batch_cu_seqlens`` of ``position_ids``); from the pieces when rows are full.
+    """Add ``cu_seqlens`` / ``max_seqlen`` (``batch_cu_seqlens`` of ``position_ids``, ``doc_ids``); from the pieces when rows are full.
 
     With every row full, the segments are exactly the pieces (a piece's
-    positions count 0, 1, ... from its head, and each row starts with a
-    piece), so no pass over the ``[B, L]`` positions is needed.
+    positions count 0, 1, ... from its head, each row starts with a piece,
+    and no padding run exists to be one segment, COLL-11), so no pass over
+    the ``[B, L]`` positions is needed.
     """
     if heads is None or widths is None:
-        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+        out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
     else:
         cu = np.empty(len(heads) + 1, dtype=np.int32)
         cu[:-1] = heads
@@ -451,7 +454,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     ``labels``, ``position_ids``, ``doc_ids``, ``token_offsets``, equal to
     the reference's samples stacked (without ``document_starts``).
     With ``segments``, also ``cu_seqlens`` (int32) and ``max_seqlen``, as
-    ``batch_cu_seqlens(position_ids)`` gives them. ``reported`` (one id per
+    ``batch_cu_seqlens(position_ids, doc_ids)`` gives them. ``reported`` (one id per
     piece): the ids written to ``doc_ids`` instead of ``doc_ids`` (a
     mixture reads documents of ``TokenSource.concat`` but reports each
     source's own ids).
@@ -566,7 +569,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
 
 def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], config: PackingConfig, source: TokenSource,
                       doc_ids: Callable[[np.ndarray], np.ndarray] | np.ndarray | None = None, *,
-                      segments: bool = False) -> dict[str, np.ndarray]:
+                      segments: bool = False, first_document: int = 0) -> dict[str, np.ndarray]:
     """Samples ``indices`` of ``plan`` (``-1``: the padding sample) as int64 ``[len(indices), seq_len]`` arrays.
 
     Equal, field for field, to stacking the reference's samples ``i`` (the
@@ -575,7 +578,8 @@ def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], confi
     lookup of every piece's position, one ``fill_batch``. Keys:
     ``input_ids``, ``labels``, ``position_ids``, ``doc_ids``,
     ``token_offsets``; with ``segments``, also ``cu_seqlens`` and
-    ``max_seqlen`` (``fill_batch``).
+    ``max_seqlen`` (``fill_batch``). ``doc_ids`` reports each document's
+    row of ``source`` plus ``first_document`` (SPLIT-9, as ``materialize``).
 
     Clauses: PACK-3, PACK-4, PACK-5, PACK-20 (and the plan's clauses through ``plan``).
 
@@ -593,4 +597,5 @@ def materialize_batch(plan: PackPlan, indices: np.ndarray | Sequence[int], confi
         docs = np.asarray(doc_ids(pos), dtype=_I64)
     else:
         docs = np.asarray(doc_ids)[pos]
-    return fill_batch(counts, docs, start, stop, config, source, segments=segments)
+    reported = docs + first_document if first_document else None
+    return fill_batch(counts, docs, start, stop, config, source, segments=segments, reported=reported)

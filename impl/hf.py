@@ -176,8 +176,30 @@ class HuggingFaceDataset(PackedDataset):
     a ``load_dataset`` name / local path (with ``split``, ``config_name``,
     ``load_kwargs``). ``tokenizer``: a fast tokenizer object, a local
     directory or a ``tokenizer.json``. ``cache_dir``: where token stores (and
-    packing plans) are kept. ``shuffle`` / ``seed`` / ``window``: sample
-    order as ``PackedDataset`` (``"none"`` keeps KempnerForge's fixed order).
+    packing plans) are kept. ``shuffle`` / ``seed`` / ``window``: the
+    *document* order as ``PackedDataset``'s, applied before the stream is cut.
+
+    What ``shuffle`` does (ORD, then PACK-8): the token stream is the store's
+    documents (each with its EOS) concatenated in the epoch's document order,
+    and sample ``i`` is its window ``[i*(L+1), (i+1)*(L+1))``, ``L = seq_len``.
+
+    * ``"none"``: store order, so the windows are KempnerForge's, in its
+      order, the same every epoch.
+    * ``"global"``: the documents are permuted (ORD-3, keyed by seed and
+      epoch) and the permuted stream is cut. The windows themselves change,
+      not only their order: a window holds other documents and other
+      boundaries, the pairs lost at window edges (PACK-9) and the dropped
+      remainder (the stream's last ``n mod (L+1)`` tokens) change with the
+      epoch, and no window need equal one of KempnerForge's. The number of
+      samples, ``n // (L+1)`` for ``n`` tokens, does not change.
+    * ``"window"``: the files are permuted, documents shuffled inside
+      windows of ``window`` documents (ORD-4, ORD-5), then cut the same way.
+
+    There is no option that keeps KempnerForge's windows and only reorders
+    them. Example (``L = 2``, documents ``A = [a1, a2, eos]``,
+    ``B = [b1, eos]``, ``C = [c1, c2, c3, eos]``, 9 tokens, 3 windows):
+    ``"none"`` cuts ``[a1 a2 eos] [b1 eos c1] [c2 c3 eos]``; an epoch whose
+    global order is ``C, A, B`` cuts ``[c1 c2 c3] [eos a1 a2] [eos b1 eos]``.
 
     Samples (``ds[i]``): ``input_ids``, ``labels`` (-100 across documents),
     ``doc_ids``, ``position_ids``, ... as ``PackedDataset`` serves them.

@@ -687,15 +687,15 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             counts[rows] = c
             found.append((rows, c, ids, a, b, s))
         if len(found) == 1:   # one source: its pieces are already in row order
-            _, _, reported, starts, stops, s = found[0]
-            docs = reported + self._doc_base[s]
+            _, _, ids, starts, stops, s = found[0]
+            docs, reported = ids + self._doc_base[s], ids + self.sources[s].first_document
         else:
             ptr = _exclusive_cumsum(counts)
             docs, reported, starts, stops = (np.empty(int(ptr[-1]), dtype=_I64) for _ in range(4))
             for rows, c, ids, a, b, s in found:
                 at = _ranges(ptr[rows], c)
                 docs[at] = ids + self._doc_base[s]
-                reported[at], starts[at], stops[at] = ids, a, b
+                reported[at], starts[at], stops[at] = ids + self.sources[s].first_document, a, b
         return _Pieces(counts, docs, reported, starts, stops, source, item)
 
     def _block_pieces(self, epoch: int, indices: np.ndarray) -> _Pieces | None:
@@ -806,7 +806,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                     out[name] = np.empty((n, *value.shape[1:]), dtype=value.dtype)
                 out[name][rows] = value
         if "position_ids" in out:
-            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"])
+            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out.get("doc_ids"))
         out["epoch"], out["sample_index"] = epochs, indices
         out["source"], out["source_index"] = source, local
         return out

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from reference.errors import ConfigError, is_int, require
+from reference.packing import NO_DOC
 
 Side = Literal["right", "left"]
 Pooling = Literal["first", "last", "all"]
@@ -31,7 +32,7 @@ POOLINGS = ("first", "last", "all")
 IGNORE_INDEX = -100
 """The label of a padding position: loss functions skip it (COLL-9)."""
 
-FIELD_PADDING: Mapping[str, int | None] = {"input_ids": None, "labels": IGNORE_INDEX, "position_ids": 0, "doc_ids": -1}
+FIELD_PADDING: Mapping[str, int | None] = {"input_ids": None, "labels": IGNORE_INDEX, "position_ids": 0, "doc_ids": NO_DOC}
 """The fields ``collate_samples`` stacks and the value each is padded with (``None``: the caller's ``pad_id``)."""
 
 
@@ -131,28 +132,53 @@ def token_pooling_mask(attention_mask: Sequence[Sequence[int]], pooling: Pooling
     return pooled
 
 
-def cu_seqlens(position_ids: Sequence[int]) -> list[int]:
+def cu_seqlens(position_ids: Sequence[int], doc_ids: Sequence[int] | None = None) -> list[int]:
     """Cumulative segment lengths of one packed row, for varlen attention.
 
     Why: a packed row holds several documents; varlen attention kernels take
     their boundaries as offsets ``[0, end_1, end_2, ..., len]`` so that no token
     attends across a boundary. A segment starts at index 0 and wherever the
-    position id resets to 0. Index 0 starts a segment even when its position
-    is not 0: that is a document continued from the previous pack.
+    position id of a real token resets to 0 (COLL-8). Index 0 starts a segment
+    even when its position is not 0: that is a document continued from the
+    previous pack.
+
+    Padding (``doc_ids == -1``, the value ``collate_samples`` and the packer
+    pad ``doc_ids`` with) is one segment per run, not one per position
+    (COLL-11): padding's position ids are all 0, and a segment per position
+    turned a padded row into thousands of length-1 segments. It stays a
+    segment rather than being left out because ``flash_attn_varlen_func``
+    writes output only for the tokens its segments cover: uncovered padding
+    rows would hold uninitialised memory (possibly NaN). Its length counts
+    toward ``max_seqlen``, which the kernel needs ``>=`` every segment.
+    Without ``doc_ids`` no position is known to be padding (a padding 0 looks
+    like a one-token document), so every position 0 starts a segment.
 
     >>> cu_seqlens([0, 1, 2, 0, 1, 0])
     [0, 3, 5, 6]
     >>> cu_seqlens([7, 8, 0, 1])
     [0, 2, 4]
+    >>> cu_seqlens([0, 1, 0, 0, 0, 0], doc_ids=[4, 4, 5, -1, -1, -1])
+    [0, 2, 3, 6]
     >>> cu_seqlens([])
     [0]
 
-    Clauses: COLL-8.
+    Clauses: COLL-8, COLL-11.
     """
     for i, position in enumerate(position_ids):
         require(is_int(position) and position >= 0, ConfigError,
                 f"position_ids[{i}]={position!r} must be a non-negative integer")
-    starts = [i for i, position in enumerate(position_ids) if i == 0 or position == 0]
+    if doc_ids is None:
+        padding = [False] * len(position_ids)
+    else:
+        require(len(doc_ids) == len(position_ids), ConfigError,
+                f"doc_ids has {len(doc_ids)} entries but position_ids has {len(position_ids)}; "
+                "pass the row's doc_ids, one per position")
+        for i, doc in enumerate(doc_ids):
+            require(is_int(doc) and doc >= NO_DOC, ConfigError,
+                    f"doc_ids[{i}]={doc!r} must be a document id >= 0, or {NO_DOC} for padding")
+        padding = [doc == NO_DOC for doc in doc_ids]
+    starts = [i for i, position in enumerate(position_ids)
+              if i == 0 or padding[i] != padding[i - 1] or (not padding[i] and position == 0)]
     return starts + [len(position_ids)] if position_ids else [0]
 
 

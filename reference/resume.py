@@ -170,14 +170,18 @@ def epoch_samples(corpus: Corpus, config: PipelineConfig, epoch: int) -> list[Sa
     """The epoch's global sample stream: the split's documents (SPLIT-8) in ORD order, packed by PACK (RES-1).
 
     A shuffled order (any kind but ``sequential``) also keys the order of the
-    packed bins with the ordering's seed and the epoch (PACK-22).
+    packed bins with the ordering's seed and the epoch (PACK-22). Document ids
+    are the store's: a split's document ``d`` reports ``rows.start + d``
+    (SPLIT-9), so two splits of one store never share an id.
     """
+    first = 0
     if config.split is not None:
-        corpus = split_corpus(corpus, config.rows(sum(len(f) for f in corpus)))
+        rows = config.rows(sum(len(f) for f in corpus))
+        corpus, first = split_corpus(corpus, rows), rows.start
     documents = [doc for file in corpus for doc in file]
     order = epoch_order([len(f) for f in corpus], config.ordering, epoch)
     key = None if config.ordering.kind == "sequential" else bin_key(config.ordering.seed, epoch)
-    return pack([(d, documents[d]) for d in order], config.packing, key=key)
+    return pack([(first + d, documents[d]) for d in order], config.packing, key=key)
 
 
 def padding_sample(config: PackingConfig) -> Sample:

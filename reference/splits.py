@@ -261,13 +261,13 @@ def split_corpus(corpus: Sequence[Sequence[Sequence[int]]], rows: range) -> list
     must not change with the shuffle seed or the epoch), so it is cut from
     the stored order and ORD then shuffles only inside it. Files keep their
     boundaries, clipped to the rows; files left with no document are dropped.
-    Document ids in the split count from 0 (the split's first row); the rows
-    are part of the pipeline fingerprint, so provenance stays recoverable.
+    The returned corpus counts its documents from 0; ``epoch_samples`` reports
+    document ``d`` of it as the store's ``rows.start + d`` (SPLIT-9).
 
     >>> split_corpus([[[1], [2]], [[3], [4], [5]], [[6]]], range(1, 4))
     [[[2]], [[3], [4]]]
 
-    Clauses: SPLIT-8.
+    Clauses: SPLIT-8, SPLIT-9.
     """
     out: list[list[Sequence[int]]] = []
     start = 0

@@ -131,7 +131,7 @@ def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_reference(mod
         assert_equal(got[name].tolist(), expected[name].tolist(), clause="PACK-20", what=f"{mode} {name} via {path}")
 
 
-@pytest.mark.clause("PACK-20", "COLL-8")
+@pytest.mark.clause("PACK-20", "COLL-8", "COLL-11")
 @settings(max_examples=40)
 @given(corpus=ls.corpora(), config=ls.packing_configs(), data=st.data())
 def test_segments_from_the_pieces_equal_cu_seqlens_of_the_position_ids(corpus, config, data):
@@ -140,7 +140,7 @@ def test_segments_from_the_pieces_equal_cu_seqlens_of_the_position_ids(corpus, c
     indices = data.draw(st.lists(st.integers(-1, plan.num_samples - 1), max_size=12), label="indices")
     source = fl.TokenSource.from_documents(docs)
     got = fl.materialize_batch(plan, np.array(indices, dtype=np.int64), config, source, segments=True)
-    cu, max_seqlen = batch_cu_seqlens(got["position_ids"])
+    cu, max_seqlen = batch_cu_seqlens(got["position_ids"], got["doc_ids"])
     rep = {"corpus": corpus, "config": config, "indices": indices}
     assert_equal(got["cu_seqlens"].dtype, np.dtype(np.int32), clause="COLL-8", what="cu_seqlens dtype", repro=rep)
     assert_equal((got["cu_seqlens"].tolist(), got["max_seqlen"]), (cu.tolist(), max_seqlen), clause="COLL-8",

@@ -98,7 +98,7 @@ def assert_sample_equals(got: dict[str, np.ndarray], expected, *, clause: str, w
     assert_equal(document_starts(got), tuple(expected.document_starts), clause="PACK-5", what=f"{what} document starts",
                  repro=repro)
     cu = got["cu_seqlens"].tolist()
-    ref = reference_cu_seqlens(list(expected.position_ids))
+    ref = reference_cu_seqlens(list(expected.position_ids), list(expected.doc_ids))
     assert_equal(cu[:len(ref)], ref, clause="COLL-8", what=f"{what} cu_seqlens", repro=repro)
     check(all(v == len(expected.input_ids) for v in cu[len(ref):]), clause="COLL-8",
           what=f"{what} cu_seqlens tail {cu[len(ref):]} should repeat seq_len", repro=repro)
@@ -221,14 +221,14 @@ def test_sample_key_with_an_explicit_epoch_ignores_the_dataset_epoch(workdir):
     assert_equal(int(ds[(1, 0)]["epoch"]), 1, clause="RES-5", what="a plain (epoch, index) tuple is a key too")
 
 
-@pytest.mark.clause("PART-5", "PACK-3")
+@pytest.mark.clause("PART-5", "PACK-3", "COLL-11")
 def test_padding_key_gives_a_fully_masked_sample_attributed_to_no_document(workdir):
     config = PipelineConfig(packing=PackingConfig(seq_len=4, pad_id=0), end="pad")
     ds = PackedDataset.from_config(make_store(CORPUS, workdir / "store"), config, cache_dir=workdir / "cache")
     got = {k: v.numpy() for k, v in ds[SampleKey(2, -1)].items()}
     assert_sample_equals(got, padding_sample(config.packing), clause="PART-5", what="padding sample", repro={})
     assert_equal((int(got["epoch"]), int(got["sample_index"])), (2, -1), clause="PART-5", what="padding key fields")
-    assert_equal(got["cu_seqlens"].tolist(), [0, 1, 2, 3, 4], clause="COLL-8", what="padding cu_seqlens")
+    assert_equal(got["cu_seqlens"].tolist(), [0, 4, 4, 4, 4], clause="COLL-11", what="padding cu_seqlens: one segment")
 
 
 @pytest.mark.clause("PACK-3", "COLL-8")

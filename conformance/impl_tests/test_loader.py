@@ -396,8 +396,8 @@ def test_collate_stacks_samples_into_batch_tensors_with_varlen_boundaries():
     check(batch["sample_index"].tolist() == [0, 1, -1], clause="PART-5", what="sample indices with a padding slot")
     check(batch["labels"][2].eq(-100).all().item(), clause="PART-5", what="the padding slot is fully masked")
     expected = [0]
-    for r, row in enumerate(batch["position_ids"].tolist()):
-        expected = expected[:-1] + [b + r * 4 for b in ref_collation.cu_seqlens(row)]
+    for r, (row, docs) in enumerate(zip(batch["position_ids"].tolist(), batch["doc_ids"].tolist())):
+        expected = expected[:-1] + [b + r * 4 for b in ref_collation.cu_seqlens(row, docs)]
     assert_equal(batch["cu_seqlens"].tolist(), expected, clause="COLL-8", what="cu_seqlens of a collated batch")
 
 

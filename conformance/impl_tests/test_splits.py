@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from conformance import strategies as ls
 from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_raises_typed, check
-from impl.dataset import PackedDataset
+from impl.dataset import PackedDataset, SampleKey
 from impl.errors import EmptyDataError, SplitError
 from impl.mixing import MixedDataset
 from impl.splits import resolve_rows, select, slice_store, split_store
@@ -167,3 +167,52 @@ def test_a_split_too_small_for_one_sample_is_named_in_the_error_not_only_its_sto
                         what=f"split={split!r} holding one document of 5 tokens",
                         mentions=[shown, "1 of its 100 documents", "widen the split"])
     PackedDataset(store, seq_len=8, split="train[90%:]", cache_dir=False)
+
+
+@pytest.mark.clause("SPLIT-9")
+@pytest.mark.parametrize("packing", ["chunk", "best_fit"])
+def test_train_and_eval_splits_report_store_document_indices_that_never_overlap(packing, workdir):
+    corpus = [[[d * 10 + t for t in range(1, 2 + d % 4)] for d in range(f * 4, f * 4 + 4)] for f in range(5)]
+    flat = [d for file in corpus for d in file]
+    store = build_store(corpus, workdir)
+    seen = []
+    for split in ("train[:80%]", "train[80%:]"):
+        ds = PackedDataset(store, seq_len=4, packing=packing, shuffle="global", seed=5, split=split, cache_dir=False)
+        rows = ds.store.rows
+        assert_equal(ds.first_document, rows.start, clause="SPLIT-9", what=f"{split} first_document")
+        batch = ds.samples(0, range(ds.num_samples(0)))
+        one = [ds[i]["doc_ids"].tolist() for i in range(ds.num_samples(0))]
+        assert_equal(one, batch["doc_ids"].tolist(), clause="SPLIT-9", what=f"{split}: ds[i] against samples()")
+        ids = {int(d) for d in batch["doc_ids"].reshape(-1) if d >= 0}
+        check(ids <= set(rows), clause="SPLIT-9", what=f"{split} ids {sorted(ids)} outside the store rows {rows}")
+        for tokens, docs, offsets in zip(batch["input_ids"], batch["doc_ids"], batch["token_offsets"]):
+            for token, doc, offset in zip(tokens.tolist(), docs.tolist(), offsets.tolist()):
+                check(doc < 0 or flat[doc][offset] == token, clause="SPLIT-9",
+                      what=f"{split}: token {token} is not store document {doc}'s token {offset}")
+        seen.append(ids)
+    check(not seen[0] & seen[1] and min(seen[1]) == 16, clause="SPLIT-9",
+          what=f"train ids {sorted(seen[0])} and eval ids {sorted(seen[1])} (store rows 16..19) must not overlap")
+
+
+@pytest.mark.clause("SPLIT-9", "MIX-13")
+@given(seed=ls.seeds, epoch=st.integers(0, 1))
+def test_a_mixture_of_splits_reports_each_source_stores_own_document_indices_like_the_reference(seed, epoch, workdir):
+    web = [[[100 + d * 10 + t for t in range(1 + d % 7)] for d in range(f * 6, f * 6 + 6)] for f in range(3)]
+    code = [[[5000 + d * 10 + t for t in range(3 + d % 5)] for d in range(14)]]
+    packing = PackingConfig(seq_len=4, mode="best_fit")
+    configs = (PipelineConfig(packing=packing, split="train[50%:]", ordering=OrderingConfig(kind="global", seed=seed)),
+               PipelineConfig(packing=packing, split="train[2:]"))
+    mixture = MixtureConfig(sources=configs, mixing=MixConfig(weights=(0.6, 0.4), stopping="all_exhausted", seed=seed))
+    sources = [PackedDataset.from_config(build_store(c, workdir), cfg, cache_dir=False) for c, cfg in zip((web, code), configs)]
+    mixed = MixedDataset(sources, weights=(0.6, 0.4), stopping="all_exhausted", seed=seed)
+    expected = mixture_samples([web, code], mixture, epoch)
+    batch = mixed.samples(epoch, range(mixed.num_samples(epoch)))
+    got = [(int(s), tuple(d.tolist())) for s, d in zip(batch["source"], batch["doc_ids"])]
+    assert_equal(got, [(s, x.doc_ids) for s, x in expected], clause="SPLIT-9", what="source and doc_ids of mixed samples",
+                 repro={"seed": seed, "epoch": epoch})
+    items = [mixed[SampleKey(epoch, i)] for i in range(mixed.num_samples(epoch))]
+    one = [(int(item["source"]), tuple(item["doc_ids"].tolist())) for item in items]
+    assert_equal(one, got, clause="SPLIT-9", what="mixed[i] against samples()", repro={"seed": seed, "epoch": epoch})
+    web_ids = {d for s, ids in got if s == 0 for d in ids if d >= 0}
+    check(bool(web_ids) and min(web_ids) >= 9, clause="SPLIT-9",
+          what=f"web ids {sorted(web_ids)}: the split starts at store row 9, so its ids are store rows 9..17")

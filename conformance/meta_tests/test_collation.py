@@ -1,4 +1,4 @@
-"""Meta tests: reference.collation obeys COLL-1..COLL-10.
+"""Meta tests: reference.collation obeys COLL-1..COLL-11.
 
 Oracles are built position by position from the row lengths (which position is
 real, which is padding), never by calling one reference function to check
@@ -173,6 +173,59 @@ def test_hand_computed_cu_seqlens():
     assert_equal(cu_seqlens([]), [0], clause="COLL-8", what="empty row")
     assert_raises_typed(ConfigError, cu_seqlens, [0, -1], clause="COLL-8", what="negative position",
                         mentions=["position_ids[1]"])
+
+
+@st.composite
+def padded_rows(draw):
+    """A row as parts: ``("doc", id, n)`` pieces with distinct ids and ``("pad", -1, n)`` runs, never two runs adjacent."""
+    parts: list[tuple[str, int, int]] = []
+    for doc_id in range(draw(st.integers(min_value=0, max_value=5))):
+        if draw(st.booleans()) and (not parts or parts[-1][0] != "pad"):
+            parts.append(("pad", -1, draw(st.integers(min_value=1, max_value=5))))
+        parts.append(("doc", doc_id, draw(st.integers(min_value=1, max_value=5))))
+    if draw(st.booleans()) and (not parts or parts[-1][0] != "pad"):
+        parts.append(("pad", -1, draw(st.integers(min_value=1, max_value=7))))
+    carried = draw(st.integers(min_value=0, max_value=4))
+    return parts, carried
+
+
+def row_fields(parts, carried):
+    """``position_ids`` and ``doc_ids`` of the parts: a first document continued from ``carried``; padding at 0 / -1."""
+    position_ids: list[int] = []
+    doc_ids: list[int] = []
+    for k, (kind, doc_id, n) in enumerate(parts):
+        first = carried if k == 0 and kind == "doc" else 0
+        position_ids += [first + j if kind == "doc" else 0 for j in range(n)]
+        doc_ids += [doc_id] * n
+    return position_ids, doc_ids
+
+
+@pytest.mark.clause("COLL-11")
+@given(row=padded_rows())
+def test_each_document_and_each_padding_run_is_one_segment(row):
+    parts, carried = row
+    position_ids, doc_ids = row_fields(parts, carried)
+    repro = {"parts": parts, "carried": carried}
+    expected = [0]
+    for _, _, n in parts:
+        expected.append(expected[-1] + n)
+    assert_equal(cu_seqlens(position_ids, doc_ids), expected, clause="COLL-11", what="cu_seqlens", repro=repro)
+    documents = sum(1 for kind, _, _ in parts if kind == "doc")
+    runs = sum(1 for kind, _, _ in parts if kind == "pad")
+    assert_equal(len(expected) - 1, documents + runs, clause="COLL-11", what="segments", repro=repro)
+
+
+@pytest.mark.clause("COLL-11")
+def test_hand_computed_cu_seqlens_with_padding():
+    assert_equal(cu_seqlens([0, 1, 0, 0, 0, 0], [4, 4, 5, -1, -1, -1]), [0, 2, 3, 6], clause="COLL-11",
+                 what="two documents then one padding run")
+    assert_equal(cu_seqlens([0, 1, 0, 0, 0, 0]), [0, 2, 3, 4, 5, 6], clause="COLL-11", what="without doc_ids")
+    assert_equal(cu_seqlens([0, 0, 0], [-1, -1, -1]), [0, 3], clause="COLL-11", what="a row of padding")
+    assert_equal(cu_seqlens([0, 0, 0, 1], [-1, -1, 2, 2]), [0, 2, 4], clause="COLL-11", what="left padding")
+    assert_raises_typed(ConfigError, cu_seqlens, [0, 1], [3], clause="COLL-11", what="short doc_ids",
+                        mentions=["doc_ids has 1", "position_ids has 2"])
+    assert_raises_typed(ConfigError, cu_seqlens, [0, 1], [3, -2], clause="COLL-11", what="doc id -2",
+                        mentions=["doc_ids[1]=-2"])
 
 
 @st.composite

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from conformance import strategies as _ls
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import SplitError
-from reference.packing import PackingConfig
+from reference.packing import NO_OFFSET, PackingConfig, prepare
 from reference.resume import PipelineConfig, ReferenceLoader, epoch_samples
 from reference.splits import (
     SplitSpec,
@@ -344,11 +344,34 @@ def test_train_and_validation_splits_are_disjoint_whatever_the_seed_and_epoch(co
               repro={"corpus": corpus, "config": cfg, "epoch": epoch})
 
 
+@pytest.mark.clause("SPLIT-9")
+@given(corpus=_ls.corpora(min_documents=2), config=_ls.pipeline_configs(), cut=st.sampled_from(["50%", "25%", "75%"]),
+       epoch=st.integers(0, 2))
+def test_split_doc_ids_are_store_indices_so_train_and_validation_ids_never_overlap(corpus, config, cut, epoch):
+    n = sum(len(f) for f in corpus)
+    flat = [d for file in corpus for d in file]
+    halves = (PipelineConfig(packing=config.packing, ordering=config.ordering, split=f"train[:{cut}]"),
+              PipelineConfig(packing=config.packing, ordering=config.ordering, split=f"train[{cut}:]"))
+    try:
+        rows = [cfg.rows(n) for cfg in halves]
+    except SplitError:
+        return   # one side is empty for this n (SPLIT-5)
+    prepared = [prepare(d, config.packing) for d in flat]
+    for cfg, r in zip(halves, rows):
+        repro = {"corpus": corpus, "config": cfg, "epoch": epoch}
+        for s in epoch_samples(corpus, cfg, epoch):
+            for j, (doc, offset) in enumerate(zip(s.doc_ids, s.token_offsets)):
+                check(doc == -1 or doc in r, clause="SPLIT-9", what=f"doc id {doc} outside the split's rows {r}",
+                      repro=repro)
+                check(doc == -1 or offset == NO_OFFSET or s.input_ids[j] == prepared[doc][offset], clause="SPLIT-9",
+                      what=f"input {s.input_ids[j]} at {j} is not store document {doc}'s token {offset}", repro=repro)
+
+
 def _inside(part: list[int], doc: list[int]) -> bool:
     return any(doc[i:i + len(part)] == part for i in range(len(doc) - len(part) + 1))
 
 
-@pytest.mark.clause("SPLIT-8")
+@pytest.mark.clause("SPLIT-8", "SPLIT-9")
 def test_split_notation_and_pairs_give_the_same_pipeline_and_enter_the_fingerprint():
     p = PackingConfig(seq_len=2, mode="none", overflow="truncate")
     corpus = [[[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [10, 11, 12]]]
@@ -359,7 +382,7 @@ def test_split_notation_and_pairs_give_the_same_pipeline_and_enter_the_fingerpri
     part = ReferenceLoader(corpus, PipelineConfig(packing=p, split="train[1:3]"))
     check(whole.fingerprint != part.fingerprint, clause="SPLIT-8", what="the split must change the fingerprint")
     assert_equal([s.input_ids for s in part.samples(0)], [(4, 5), (7, 8)], clause="SPLIT-8", what="rows 1 and 2")
-    assert_equal([s.doc_ids[0] for s in part.samples(0)], [0, 1], clause="SPLIT-8", what="ids count from the split's first row")
+    assert_equal([s.doc_ids[0] for s in part.samples(0)], [1, 2], clause="SPLIT-9", what="ids are the store's rows 1 and 2")
     for bad in ("train[100]", "train[a:b]"):
         assert_raises_typed(SplitError, PipelineConfig, packing=p, split=bad, clause="SPLIT-8", what=bad, mentions=[bad])
     assert_raises_typed(SplitError, PipelineConfig(packing=p, split=(10, 20)).rows, 4, clause="SPLIT-8",

@@ -131,9 +131,11 @@ def resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
     vocab_size = max(length, max_id + 1, normal.get_vocab_size(with_added_tokens=True))
 
     def _special(name: str) -> tuple[int | None, str | None]:
+        # A named token's id is the vocabulary's own: transformers answers a token outside the vocabulary
+        # with unk_token's id, which would make [UNK] the document separator without a word.
         token = getattr(tok, name, None)
         tid = getattr(tok, name + "_id", None)
-        if isinstance(token, str) and tid is None:
+        if isinstance(token, str):
             tid = normal.token_to_id(token)
         if tid is not None:
             tid = int(tid)

@@ -357,6 +357,19 @@ def test_an_eos_token_missing_from_the_vocabulary_is_refused_offering_a_token_th
     assert TokenStore.build(["alpha"], tok, tmp_path / "store", progress=False)[0].tolist() == [4, 3]
 
 
+def test_an_eos_token_outside_the_vocabulary_of_a_tokenizer_with_an_unk_token_is_refused_not_read_as_unk(tmp_path):
+    """transformers gives such a token unk_token's id: [UNK] would silently end every document."""
+    tok = word_tokenizer(eos=False, bos=False)
+    tok.eos_token = "<|endoftext|>"
+    assert tok.eos_token_id == tok.unk_token_id, "the premise: transformers hands out [UNK]'s id"
+    with pytest.raises(TokenizerError) as info:
+        TokenStore.build(["alpha"], tok, tmp_path / "store", progress=False)
+    assert "'<|endoftext|>', which is not in its vocabulary" in str(info.value), str(info.value)
+    assert not (tmp_path / "store").exists()
+    store = TokenStore.build(["alpha"], tok, tmp_path / "store", add_eos=False, progress=False)
+    assert store.eos_id is None and store[0].tolist() == [4], (store.eos_id, store[0].tolist())
+
+
 def test_a_tokenizer_without_eos_is_refused_when_add_eos_is_true(tmp_path):
     no_eos = word_tokenizer(eos=False, bos=False)
     with pytest.raises(TokenizerError, match="add_eos=False.*eos_token") as info:

@@ -627,11 +627,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if not empty:
             return None
         i = empty[0]
-        zero = ("give it weight 0 in weights=" if weights is not None and self.weight_fn is None else
-                "pass weights= giving it weight 0" if self.weight_fn is None else "make weight_fn give it weight 0")
+        zero = ", make weight_fn give it weight 0" if self.weight_fn is not None else ""   # static 0s: MIX-18
         return (f"sources[{i}] ({_describe(self.sources[i])}) holds no sample in epoch {epoch}, and under "
                 "stopping='first_exhausted' the mixed stream ends the first time an empty source is chosen (MIX-6, "
-                f"MIX-9), so the epoch holds {self.num_samples(epoch)} samples; drop sources[{i}] from the mixture, "
+                f"MIX-9), so the epoch holds {self.num_samples(epoch)} samples; drop sources[{i}] from the mixture"
                 f"{zero}, or use stopping='all_exhausted' (every sample of the other sources once) or "
                 "'all_exhausted_oversample', which skip an empty source")
 

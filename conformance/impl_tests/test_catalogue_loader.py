@@ -17,7 +17,7 @@ from impl.dataset import PackedDataset
 from impl.errors import ConfigError, StateError, StoreCorruptError, TopologyError
 from impl.loader import build_dataloader
 from impl.store import TokenStore
-from reference.resume import MAX_STATE_INT
+from reference.resume import MAX_STATE_INT, SUPPORTED_STATE_VERSIONS
 
 SEQ_LEN = 4
 
@@ -69,7 +69,8 @@ def test_state_version_true_is_refused_although_it_equals_1(loader):
 
 @pytest.mark.clause("RES-3")
 def test_a_future_state_version_is_refused_naming_the_upgrade(loader):
-    refused(loader, dict(loader.state_dict(), version=2), "version 2", "upgrade loadspec")
+    future = max(SUPPORTED_STATE_VERSIONS) + 1
+    refused(loader, dict(loader.state_dict(), version=future), f"version {future}", "upgrade loadspec")
 
 
 @pytest.mark.clause("RES-3")
@@ -121,7 +122,7 @@ def test_a_state_with_consumed_beyond_the_epoch_is_refused_naming_the_sample_cou
 def test_a_state_of_other_data_is_refused_naming_the_fingerprint(store, tmp_path, loader):
     other = TokenStore.from_token_files([[[7, 8, 9, 10, 11, 12]] * 4], tmp_path / "other", vocab_size=200)
     state = build_dataloader(PackedDataset(other, seq_len=SEQ_LEN, cache_dir=False), batch_size=2).state_dict()
-    refused(loader, state, "fingerprint", "another dataset", "restore the original data")
+    refused(loader, state, "fingerprint", "data differs", "the store was rebuilt or is another store", "restore")
 
 
 @pytest.mark.clause("RES-3")

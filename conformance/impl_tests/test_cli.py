@@ -68,8 +68,8 @@ def test_preview_with_a_split_shows_only_the_documents_of_that_split(store_dir, 
     out = capsys.readouterr().out
     starts = {int(d): [int(t) for t in head.split()] for d, head in re.findall(r"⟦doc (\d+) @0⟧((?: \d+){8})", out)}
     store = TokenStore.open(store_dir)
-    assert_equal(sorted(starts), list(range(6)), clause="SPLIT-8", what="documents (split-local ids) shown")
-    assert_equal([starts[d] for d in range(6)], [store[6 + d][:8].tolist() for d in range(6)], clause="SPLIT-8",
+    assert_equal(sorted(starts), list(range(6, 12)), clause="SPLIT-9", what="documents (store ids) shown")
+    assert_equal([starts[d] for d in range(6, 12)], [store[d][:8].tolist() for d in range(6, 12)], clause="SPLIT-8",
                  what="first tokens of the documents shown for train[50%:] of 12 (documents 6..11)")
     check("split 'train[50%:]'" in out.splitlines()[0], clause="SPLIT-8", what=f"header {out.splitlines()[0]!r}")
 

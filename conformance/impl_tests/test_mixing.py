@@ -543,15 +543,17 @@ class _EmptySource:
 @pytest.mark.clause("MIX-9")
 def test_an_empty_source_under_first_exhausted_is_named_in_the_error_not_blamed_on_the_batch_size(two_corpora):
     web, _ = two_corpora
-    for weights, fix in ((None, "pass weights= giving it weight 0"), ((0.5, 0.5), "give it weight 0 in weights=")):
+    for weights in (None, (0.5, 0.5)):
         mixed = MixedDataset([web, _EmptySource()], weights=weights)
-        assert_raises_typed(EmptyDataError, build_dataloader, mixed, batch_size=2, clause="MIX-9",
-                            what=f"an empty sources[1] under first_exhausted, weights={weights}",
-                            mentions=["sources[1] (_EmptySource)", "first_exhausted", fix, "stopping='all_exhausted'",
-                                      "drop sources[1]"])
-        with pytest.raises(EmptyDataError) as info:
-            build_dataloader(mixed, batch_size=2)
-        check("batch_size" not in str(info.value), clause="MIX-9", what=f"the batch size blamed: {info.value}")
-    for fixed in (MixedDataset([web, _EmptySource()], weights=(1.0, 0.0)),
-                  MixedDataset([web, _EmptySource()], stopping="all_exhausted")):
+        error = assert_raises_typed(EmptyDataError, build_dataloader, mixed, batch_size=2, clause="MIX-9",
+                                    what=f"an empty sources[1] under first_exhausted, weights={weights}",
+                                    mentions=["sources[1] (_EmptySource)", "first_exhausted", "stopping='all_exhausted'",
+                                              "drop sources[1]"])
+        check("batch_size" not in str(error), clause="MIX-9", what=f"the batch size blamed: {error}")
+        check("weight 0" not in str(error), clause="MIX-18", what=f"a static weight of 0 is refused, yet offered: {error}")
+    with_fn = MixedDataset([web, _EmptySource()], weight_fn=lambda step, sizes, taken, exhausted: [1.0, 1.0])
+    assert_raises_typed(EmptyDataError, build_dataloader, with_fn, batch_size=2, clause="MIX-9",
+                        what="an empty source weighted by a weight_fn", mentions=["make weight_fn give it weight 0"])
+    for fixed in (MixedDataset([web], weights=(1.0,)), MixedDataset([web, _EmptySource()], stopping="all_exhausted"),
+                  MixedDataset([web, _EmptySource()], weight_fn=lambda step, sizes, taken, exhausted: [1.0, 0.0])):
         check(len(build_dataloader(fixed, batch_size=2)) > 0, clause="MIX-9", what="a fix the message offers")

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from impl.errors import (
         ConfigError,
         EmptyDataError,
+        EvalBroadcastError,
         LoadspecError,
         SourceError,
         SplitError,
@@ -62,6 +63,7 @@ _MODULE_OF = {
     "ElasticLoader": "impl.loader",
     "ElasticSampler": "impl.partition",
     "EmptyDataError": "impl.errors",
+    "EvalBroadcastError": "impl.errors",
     "EvalBuildError": "impl.evaluation",
     "EvalDataset": "impl.evaluation",
     "HuggingFaceDataset": "impl.hf",
@@ -113,6 +115,7 @@ __all__ = [
     "ElasticLoader",
     "ElasticSampler",
     "EmptyDataError",
+    "EvalBroadcastError",
     "EvalBuildError",
     "EvalDataset",
     "HuggingFaceDataset",

@@ -21,9 +21,18 @@ Optional, with the default the kit uses when absent:
 * ``version`` (str): printed in the report header and the matrix;
 * ``position(state) -> (epoch, consumed) | None``: where a state stands
   (default: its ``epoch``/``consumed`` keys if present, else None);
-* ``is_refusal(exc) -> bool``: whether an exception from loading a state on
-  another topology is the loader's explicit refusal (default: any
-  ``LoadspecError``, ``ValueError``, ``RuntimeError`` or ``NotImplementedError``);
+* ``refusal_types`` (a tuple of exception classes): what the loader raises,
+  at ``load_state_dict`` or at the first batch after it, to refuse a state
+  explicitly (default :data:`DEFAULT_REFUSAL_TYPES`: loadspec's
+  ``StateError`` and ``ConfigError`` families). Declared up front so the
+  verdict never rests on the adapter deciding after the fact: an exception of
+  any other type on a state load is a failure that shows the exception. A
+  bare builtin (``AssertionError``, ``KeyError``, ``ValueError``...) cannot be
+  declared: it is what an unchecked index or assert raises, not a refusal, so
+  :func:`check_adapter` refuses it (declare the library's own class, or
+  subclass ``reference.errors.StateError`` in the loader). The old
+  ``is_refusal(exc)`` hook is no longer read, and an adapter that still
+  defines it is refused the same way;
 * ``unsupported(corpus, config, topology) -> str | None``: a reason when the
   loader documents this case as unsupported (the example is then discarded,
   not failed); ``build`` may also raise :class:`Unsupported`;
@@ -77,7 +86,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from reference.errors import ConfigError, LoadspecError
+from reference.errors import ConfigError, StateError
 from reference.resume import Corpus, PipelineConfig, Row, Topology
 
 CAPABILITIES = frozenset({
@@ -153,12 +162,49 @@ def position(adapter: Any, state: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+DEFAULT_REFUSAL_TYPES: tuple[type[BaseException], ...] = (StateError, ConfigError)
+"""What counts as a refusal of a state when an adapter declares no ``refusal_types``: loadspec's typed errors
+(RES-3's ``StateError``, PART-12's ``ConfigError`` family), which a loader may also subclass."""
+
+
+def bare_builtin(kind: Any) -> bool:
+    """Whether ``kind`` is one of Python's own exception classes (``KeyError``, ``AssertionError``, ``Exception``...).
+
+    >>> bare_builtin(KeyError), bare_builtin(StateError)
+    (True, False)
+    """
+    return isinstance(kind, type) and issubclass(kind, BaseException) and kind.__module__ == "builtins"
+
+
+def refusal_types(adapter: Any) -> tuple[type[BaseException], ...]:
+    """The exception classes ``adapter`` declares as its refusals of a state, bare builtins left out.
+
+    Left out even when :func:`check_adapter` did not run (a rank process of
+    ``conformance.ranks`` loads the adapter by itself): a ``KeyError`` counts
+    as a failure wherever it is raised.
+    """
+    declared = getattr(adapter, "refusal_types", DEFAULT_REFUSAL_TYPES)
+    if not isinstance(declared, tuple):
+        return ()
+    return tuple(t for t in declared if isinstance(t, type) and issubclass(t, BaseException) and not bare_builtin(t))
+
+
 def is_refusal(adapter: Any, exc: BaseException) -> bool:
-    """Whether ``exc`` is the loader's explicit refusal (the adapter's ``is_refusal`` hook, else a typed error)."""
-    hook = getattr(adapter, "is_refusal", None)
-    if hook is not None:
-        return bool(hook(exc))
-    return isinstance(exc, (LoadspecError, ValueError, RuntimeError, NotImplementedError))
+    """Whether ``exc`` (raised loading a state, or at the first batch after) is one of the adapter's declared refusals.
+
+    >>> class Mine:
+    ...     refusal_types = (StateError,)
+    >>> is_refusal(Mine(), StateError("fingerprint differs")), is_refusal(Mine(), KeyError("ex_iterable_idx"))
+    (True, False)
+    """
+    return isinstance(exc, refusal_types(adapter))
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``module.Type: message``, as a failure shows an exception that was not a declared refusal."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{name}: {exc}"
 
 
 def unsupported(adapter: Any, corpus: Corpus, config: PipelineConfig, topology: Topology) -> str | None:
@@ -250,7 +296,8 @@ def check_adapter(adapter: Any, *, workdir: Path) -> None:
     ``InvalidArgument`` or an ``AttributeError`` on every example), which reads
     as the loader failing the kit. Three checks, in order, each only when the
     one before passed: the members (:data:`REQUIRED_MEMBERS`, with ``build``
-    taking ``(corpus, config, topology, *, workdir)``); the capabilities (each
+    taking ``(corpus, config, topology, *, workdir)``, and ``refusal_types``
+    when declared: a tuple of exception classes, none a bare builtin); the capabilities (each
     in :data:`CAPABILITIES`, and at least one order, packing mode and end
     policy, without which no config can be drawn); and one batch of a loader
     built on :data:`PROBE_CORPUS` with the first config the adapter declares
@@ -268,7 +315,7 @@ def check_adapter(adapter: Any, *, workdir: Path) -> None:
     ...
     conformance.adapter.AdapterError: ...'packing:concatt' is not a capability (did you mean 'packing:concat'?)...
     """
-    problems = _member_problems(adapter)
+    problems = _member_problems(adapter) + _refusal_problems(adapter)
     if not problems:
         problems = _capability_problems(adapter.capabilities)
     if not problems:
@@ -303,6 +350,25 @@ def _member_problems(adapter: Any) -> list[str]:
                             "build(corpus, config, topology, *, workdir)")
         except ValueError:  # no signature to read (a builtin): the tests will tell
             pass
+    return problems
+
+
+def _refusal_problems(adapter: Any) -> list[str]:
+    fix = ("declare the class the loader raises to refuse a state, e.g. refusal_types = (mylib.StateMismatch,), "
+           "or make the loader raise reference.errors.StateError (a subclass of it), or declare refusal_types = () "
+           "when it never refuses")
+    problems = []
+    if hasattr(adapter, "is_refusal"):
+        problems.append(f"it defines is_refusal(exc), which the kit no longer reads (whether an exception is a "
+                        f"refusal is declared up front, not decided per exception): {fix}")
+    declared = getattr(adapter, "refusal_types", DEFAULT_REFUSAL_TYPES)
+    if not isinstance(declared, tuple) or not all(isinstance(t, type) and issubclass(t, BaseException)
+                                                  for t in declared):
+        return [*problems, f"'refusal_types' is {declared!r}, expected a tuple of exception classes: {fix}"]
+    bare = [t.__name__ for t in declared if bare_builtin(t)]
+    if bare:
+        problems.append(f"'refusal_types' declares the bare builtin(s) {', '.join(bare)}: an unchecked assert, "
+                        "index or key lookup raises those, so they cannot tell a refusal from a crash; " + fix)
     return problems
 
 

@@ -16,7 +16,11 @@ checkpoint or the new one, never a torn file.
 
 The launcher (:func:`run_job`) puts a timeout on every wait and kills every
 rank it started when one fails or time runs out, as a job scheduler tears a
-job down, so CI never hangs.
+job down, so CI never hangs. Both limits (the job's ``timeout``, default
+:data:`JOIN_TIMEOUT`, and gloo's ``Job.timeout``) are multiplied by the
+environment variable ``LOADSPEC_TIMEOUT_SCALE`` (default 1; e.g. 4 on a
+loaded machine, ``conformance.ranks.scaled``), so a slow machine gets more
+time instead of a ``TimeoutError`` that reads like a failure.
 
 Worked example (what ``conformance/tests/test_distributed_gloo.py`` does)::
 
@@ -44,7 +48,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 JOIN_TIMEOUT = 120.0
-"""Seconds a whole job may take before every rank is killed (CI must never hang)."""
+"""Seconds a whole job may take before every rank is killed (CI must never hang), times ``LOADSPEC_TIMEOUT_SCALE``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,9 +161,12 @@ def run_job(job: Job, world_size: int, workdir: Path, *, timeout: float = JOIN_T
     Returns exit codes (``-9``: killed by SIGKILL) and each rank's stderr. A
     rank that exits non-zero makes the launcher kill the others at once, as a
     job scheduler would; the caller decides whether that was expected.
+    ``timeout`` and ``job.timeout`` are multiplied by ``LOADSPEC_TIMEOUT_SCALE``.
     """
-    from conformance.ranks import reap  # the launcher's side only: a rank process never imports the kit
+    from conformance.ranks import reap, scaled  # the launcher's side only: a rank process never imports the kit
 
+    timeout = scaled(timeout)
+    job = dataclasses.replace(job, timeout=scaled(job.timeout))
     workdir = Path(workdir)
     launch = uuid.uuid4().hex[:12]
     job_file = workdir / f"job-{launch}.json"

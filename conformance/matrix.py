@@ -46,12 +46,19 @@ LOADERS = {
     "LitData": "conformance.adapters.peers.litdata:adapter",
 }
 _CLAUSE = re.compile(r"\[([A-Z]+-\d+)\]")
+_TIMEOUT = re.compile(r"(?:[\w.]+\.)?(?:RankTimeout|TimeoutError)\b")
+"""A test that raised the harness's ``RankTimeout`` (or a ``TimeoutError``): a job that ran out of time, never a
+defect caught (on a loaded machine it is the machine; ``LOADSPEC_TIMEOUT_SCALE`` gives the harness more time)."""
+PER_RANK_MODULE = "test_any_loader_processes"
+"""The suite whose tests run one process per rank: the only grading of several ranks for a loader whose ranks
+cannot share a process (MosaicML, LitData); the matrix marks its rows."""
 
 
 @dataclass
 class Outcome:
     status: str
-    """pass, fail, skip, error, or "not run" (the run stopped first: ``message`` says why)."""
+    """pass, fail, skip, error, timeout (a harness time limit ran out: not a defect caught), or "not run" (the run
+    stopped first: ``message`` says why)."""
     clause: str = ""
     message: str = ""
 
@@ -68,6 +75,8 @@ class LoaderRun:
     detail: str = ""
     seconds: float = 0.0
     outcomes: dict[str, Outcome] = field(default_factory=dict)
+    per_rank: list[str] = field(default_factory=list)
+    """The tests of :data:`PER_RANK_MODULE` (one process per rank)."""
 
 
 def describe(spec: str) -> dict[str, Any]:
@@ -105,6 +114,22 @@ def _message_text(text: str) -> tuple[str, str]:
     return (match.group(1) if match else ""), line[:1500]
 
 
+def is_timeout(text: str, crash: str = "") -> bool:
+    """Whether a failure is a time limit that ran out (``RankTimeout``/``TimeoutError`` raised), not a catch.
+
+    ``crash`` is pytest's one line for the exception the test ended with (``reprcrash``), which decides when
+    given; else the first ``E`` line of ``text`` that names an exception.
+
+    >>> is_timeout("", "conformance.ranks.RankTimeout: rank 0 waited 61s at the join after step 2")
+    True
+    >>> is_timeout("E   conformance.assertions.ClauseViolation: [PART-1] ranks ran [3, 2] steps")
+    False
+    """
+    if not crash:
+        crash = next((re.sub(r"^E\s+", "", ln) for ln in text.splitlines() if re.match(r"^E\s+[\w.]+:", ln)), "")
+    return bool(_TIMEOUT.match(crash))
+
+
 def _message(node: ET.Element) -> tuple[str, str]:
     return _message_text((node.get("message") or "") + "\n" + (node.text or ""))
 
@@ -128,7 +153,9 @@ def pytest_runtest_logreport(report: Any) -> None:
         text = report.longreprtext if report.outcome != "passed" else ""
         if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
             text = str(report.longrepr[2])
-        _log({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "text": text[-20000:]})
+        crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "") if report.failed else ""
+        _log({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "text": text[-20000:],
+              "crash": crash[:2000]})
 
 
 def _test_name(nodeid: str) -> str:
@@ -137,7 +164,7 @@ def _test_name(nodeid: str) -> str:
 
 def _read_log(path: Path, run: LoaderRun, *, stopped: str) -> None:
     """Fold the streamed records into ``run.outcomes``: a test's worst case wins; collected but unreached → not run."""
-    rank = {"pass": 0, "skip": 1, "not run": 2, "fail": 3, "error": 4}
+    rank = {"pass": 0, "skip": 1, "not run": 2, "timeout": 3, "fail": 4, "error": 5}
     collected: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
         try:
@@ -154,12 +181,14 @@ def _read_log(path: Path, run: LoaderRun, *, stopped: str) -> None:
             outcome = Outcome("skip", "", rec["text"][:200])
         else:
             clause, message = _message_text(rec["text"])
-            outcome = Outcome("fail" if rec["when"] == "call" else "error", clause, message)
+            status = "timeout" if is_timeout(rec["text"], rec.get("crash", "")) else "fail" if rec["when"] == "call" else "error"
+            outcome = Outcome(status, "" if status == "timeout" else clause, message)
         old = run.outcomes.get(name)
         if old is None or rank[outcome.status] > rank[old.status]:
             run.outcomes[name] = outcome
     for name in map(_test_name, collected):
         run.outcomes.setdefault(name, Outcome("not run", "", stopped))
+    run.per_rank = sorted({_test_name(n) for n in collected if f"{PER_RANK_MODULE}.py::" in n})
 
 
 def run_loader(label: str, spec: str, *, profile: str, timeout: float, python: str = sys.executable) -> LoaderRun:
@@ -210,6 +239,8 @@ def _cell(outcome: Outcome | None) -> str:
         return "n/a"
     if outcome.status == "not run":
         return "not run"
+    if outcome.status == "timeout":
+        return "timeout"
     return f"**FAIL** {outcome.clause}".strip()
 
 
@@ -221,19 +252,25 @@ def render(runs: list[LoaderRun], *, profile: str, command: str) -> str:
     lines = ["# Conformance matrix: property × loader", "",
              (f"Generated by `{command}` (hypothesis profile `{profile}`); every cell is the outcome of running "
               "the kit, never typed by hand. `pass`: the property held on every example; `FAIL <clause>`: the kit "
-              "found a counterexample (details below); `n/a`: the loader does not declare the capability the test "
+              "found a counterexample (details below); `timeout`: a time limit of the per-rank harness ran out (the "
+              "machine may be loaded: rerun with `LOADSPEC_TIMEOUT_SCALE`; never counted as a defect caught); "
+              "`n/a`: the loader does not declare the capability the test "
               "needs (bit-exact tests need `bit_exact`); `not run`: the loader's run stopped before the test (the "
-              "reason is below)."), "",
+              "reason is below). Rows marked (per rank) run one process per rank: for loaders whose ranks cannot "
+              "share a process (MosaicML, LitData) they are the only rows that grade more than one rank."), "",
              "| loader | version | seconds | run |", "|---|---|---|---|"]
     for r in runs:
         run = "complete" if r.status == "ran" else f"{r.status}: {r.detail}"
         lines.append(f"| {r.label} | {r.version or '-'} | {r.seconds:.0f} | {run} |")
     lines += ["", "| property | " + " | ".join(r.label for r in ran) + " |", "|---" * (len(ran) + 1) + "|"]
+    per_rank = {t for r in runs for t in r.per_rank}
     for t in tests:
-        lines.append(f"| `{t.removeprefix('test_')}` | " + " | ".join(_cell(r.outcomes.get(t)) for r in ran) + " |")
+        mark = " (per rank)" if t in per_rank else ""
+        lines.append(f"| `{t.removeprefix('test_')}`{mark} | " + " | ".join(_cell(r.outcomes.get(t)) for r in ran)
+                     + " |")
     lines += ["", "## Failures, with the shortest repro the kit printed", ""]
     for r in ran:
-        failed = {t: o for t, o in r.outcomes.items() if o.status in ("fail", "error", "not run")}
+        failed = {t: o for t, o in r.outcomes.items() if o.status in ("fail", "error", "timeout", "not run")}
         if not failed:
             continue
         lines += [f"### {r.label} ({r.name} {r.version})", ""]

@@ -32,10 +32,30 @@ they were doing. The parent (:func:`launch`) has its own deadline, kills
 every rank when one fails or time runs out, and raises :class:`RankTimeout`
 or :class:`RankFailed` whose message names each rank's phase.
 
-A loader's explicit refusal of a state (``conformance.adapter.is_refusal``,
-at ``load_state_dict`` or at the first batch after it) is an outcome, not a
+A loader's explicit refusal of a state (an exception of a type the adapter
+declares in ``refusal_types``, ``conformance.adapter.is_refusal``, at
+``load_state_dict`` or at the first batch after it) is an outcome, not a
 crash: the rank records it and stops, and so do the others at their next
-join, as a job whose rank raised would.
+join, as a job whose rank raised would. Any other exception there is
+recorded the same way and graded as a failure that shows it.
+
+Lockstep skew (``RankJob.ahead``): at ``stop_at`` one rank, 0 or any other,
+takes one more batch before every rank writes its state (the loop fetched
+its next batch before the checkpoint callback ran). Each rank's state must
+count what that rank was handed (RES-6), never rank 0's count scaled by the
+number of ranks: restored by every rank from its own state on the same
+topology, each rank continues its own stream exactly; restored from rank 0's
+state (``restore="rank0"``: the checkpoint is rank 0's cut), a rank that was
+ahead of rank 0 redoes the batches past the cut, as after a crash, and
+nothing else is repeated or lost (:func:`grade_resume`,
+:func:`grade_topology_change` count only the batches up to the cut).
+
+Time limits (a job's deadline, a rank's wait at a join, the grace after a
+refusal) are multiplied by ``LOADSPEC_TIMEOUT_SCALE`` (default 1; e.g. 4 on
+a loaded CI machine), read by :func:`scaled` when a job is launched, so a
+slow machine is given time rather than reported as a hang; a job that still
+runs out raises :class:`RankTimeout`, which ``conformance.matrix`` reports
+as ``timeout``, never as a defect caught.
 
 Worked example (what ``conformance/tests/test_any_loader_processes.py`` does)::
 
@@ -52,6 +72,7 @@ Worked example (what ``conformance/tests/test_any_loader_processes.py`` does)::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -64,17 +85,47 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from conformance.adapter import CanonicalRow, close, is_refusal
+from conformance.adapter import CanonicalRow, close, describe_exception, is_refusal
 from conformance.assertions import assert_equal, check
 from conformance.provenance import check_provenance, pair_counts, promised_pairs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT = 180.0
-"""Seconds a whole job may take (start-up included) before the parent kills every rank."""
+"""Seconds a whole job may take (start-up included) before the parent kills every rank (times the scale)."""
+TIMEOUT_SCALE_ENV = "LOADSPEC_TIMEOUT_SCALE"
+"""The environment variable whose value multiplies every time limit of the kit's multi-process harnesses."""
 EXIT_JOIN_TIMEOUT = 3
 """A rank's exit code when it gave up waiting at a join."""
 REFUSAL_GRACE = 10.0
 """Seconds the other ranks get to stop after one refused a state, before the launcher kills them."""
+
+
+def timeout_scale() -> float:
+    """``LOADSPEC_TIMEOUT_SCALE`` as a number > 0 (1 when unset); anything else raises ``ConfigError`` naming it.
+
+    >>> import os; os.environ[TIMEOUT_SCALE_ENV] = "2.5"; timeout_scale()
+    2.5
+    >>> del os.environ[TIMEOUT_SCALE_ENV]; timeout_scale()
+    1.0
+    """
+    from reference.errors import ConfigError
+
+    raw = os.environ.get(TIMEOUT_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{TIMEOUT_SCALE_ENV}={raw!r} must be a finite number > 0 that multiplies the kit's "
+                          "time limits (e.g. 4 on a loaded machine); unset it for 1")
+    return value
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times :func:`timeout_scale`: every limit a launcher waits on goes through this."""
+    return seconds * timeout_scale()
 
 
 class RankTimeout(Exception):
@@ -103,6 +154,9 @@ class RankJob:
     """A checkpoint directory written by an earlier job (``rank{r}.json`` per rank)."""
     restore: str = "own"
     """``own``: rank r loads the state of rank ``r % saved world size``; ``rank0``: every rank loads rank 0's."""
+    ahead: int | None = None
+    """Lockstep skew: with ``stop_at``, this rank takes one batch more than the others before every rank writes
+    its state (None: none does)."""
     node_dir: str | None = None
     """``LOADSPEC_NODE_DIR`` of the ranks (default: ``<job directory>/work/node``); keep it across the jobs of
     one test when a peer records its data path in its state (a restarted job reads the same path)."""
@@ -146,6 +200,34 @@ class RankRun:
 
     def unmatched(self) -> dict[int, str]:
         return {r: res["unmatched"] for r, res in enumerate(self.results) if res.get("unmatched")}
+
+    def saved_steps(self) -> list[int]:
+        """Per rank, the batches its checkpointed state counts (the rank's steps when it wrote it)."""
+        return [int(json.loads((self.checkpoint_dir / f"rank{r}.json").read_text(encoding="utf-8"))["steps"])
+                for r in range(self.job.world_size)]
+
+    def cut(self, after: RankJob, rank: int) -> int:
+        """How many of ``rank``'s batches of this job count as trained once ``after`` restored its checkpoint.
+
+        The state a rank of ``after`` loads is the cut: with ``restore="own"`` each rank's own (all it
+        trained); with ``restore="rank0"`` rank 0's, so a rank that was ahead of rank 0 redoes its batches past
+        rank 0's count (they came after the checkpoint, as batches trained after a checkpoint and lost in a crash).
+        """
+        saved = self.saved_steps()
+        return saved[0] if after.restore == "rank0" else saved[rank % len(saved)]
+
+    def kept(self, after: RankJob) -> list[list[list[CanonicalRow]]]:
+        """Per rank, its batches up to the cut that ``after`` restores (:meth:`cut`).
+
+        A cut past a rank's batches (every rank restoring rank 0's state while rank 0 was ahead) skips that
+        rank's batch for every loader, so nothing can be graded exactly: ``ValueError``, naming the fix.
+        """
+        short = [r for r, b in enumerate(self.batches) if self.cut(after, r) > len(b)]
+        if short:
+            raise ValueError(f"rank(s) {short} trained fewer batches than the state they restore counts (rank 0 was "
+                             "ahead and every rank restores its state): any loader skips their batch; grade that "
+                             "skew with restore='own'")
+        return [b[:self.cut(after, r)] for r, b in enumerate(self.batches)]
 
 
 # --------------------------------------------------------------------------- the rank side
@@ -210,6 +292,21 @@ class _Sync:
                                   f"{missing}: " + _phases({q: others[q] for q in missing}))
             time.sleep(pause)
             pause = min(0.05, pause * 2)
+
+    def barrier(self, what: str) -> None:
+        """Wait until every other rank reached this barrier (or stopped: refused, done) before going on."""
+        self.set(f"waiting at {what}", barrier=what)
+        start = time.monotonic()
+        while True:
+            others = self.others()
+            missing = [q for q, s in others.items() if s.get("barrier") != what and not s.get("done")]
+            if not missing:
+                return
+            waited = time.monotonic() - start
+            if waited > self.wait_timeout:
+                raise RankTimeout(f"rank {self.rank} waited {waited:.0f}s at {what} for rank(s) {missing}: "
+                                  + _phases({q: others[q] for q in missing}))
+            time.sleep(0.01)
 
     def finish(self, step: int, **fields: Any) -> None:
         self.set("done", step=step, done=True, **fields)
@@ -320,8 +417,9 @@ def run_rank(job: RankJob, rank: int, directory: Path) -> int:
             except Exception as exc:
                 if not resumed:
                     raise
-                sync.finish(step, refused={"phase": phase, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                                           "is_refusal": is_refusal(adapter, exc)})
+                sync.finish(step, refused={"phase": phase, "error": describe_exception(exc)[:2000],
+                                           "is_refusal": is_refusal(adapter, exc),
+                                           "where": "".join(traceback.format_exception(exc)[-3:])[-1500:]})
                 return 0
             unmatched = None
             while batch is not None:
@@ -334,6 +432,15 @@ def run_rank(job: RankJob, rank: int, directory: Path) -> int:
                 if job.stop_at is not None and step >= job.stop_at:
                     from impl._atomic import atomic_write_json
 
+                    if job.ahead is not None:
+                        if job.ahead == rank:
+                            sync.set(f"next batch (step {step + 1}, one ahead of the other ranks)")
+                            extra = next(it, None)
+                            if extra is not None:
+                                step += 1
+                                log.write(json.dumps({"step": step, "rows": [_row_json(r) for r in extra]}) + "\n")
+                                log.flush()
+                        sync.barrier("the checkpoint")  # every rank's batches handed out before any state is taken
                     sync.set("state_dict")
                     state = json.loads(json.dumps(loader.state_dict()))
                     atomic_write_json(directory / "checkpoint" / f"rank{rank}.json",
@@ -349,7 +456,7 @@ def run_rank(job: RankJob, rank: int, directory: Path) -> int:
         print(str(exc), file=sys.stderr, flush=True)
         return EXIT_JOIN_TIMEOUT
     except BaseException as exc:  # noqa: BLE001 - recorded for the launcher's report, then the rank exits 1
-        sync.set(f"raised in {sync.state['phase']!r}", error=f"{type(exc).__name__}: {exc}"[:2000])
+        sync.set(f"raised in {sync.state['phase']!r}", error=describe_exception(exc)[:2000])
         traceback.print_exc()
         return 1
     finally:
@@ -405,9 +512,15 @@ def launch(job: RankJob, directory: Path, *, timeout: float = JOB_TIMEOUT) -> Ra
     Raises :class:`RankTimeout` when a rank gave up at a join or ``timeout``
     passed, :class:`RankFailed` when a rank raised; every rank still running
     is killed first (as a scheduler tears a job down), so a hang never hangs
-    the caller. The message names every rank's phase.
+    the caller. The message names every rank's phase. ``timeout``,
+    ``job.wait_timeout`` and the grace after a refusal are multiplied by
+    ``LOADSPEC_TIMEOUT_SCALE`` (:func:`scaled`); the returned run's ``job``
+    is ``job`` as given.
     """
     directory = Path(directory)
+    given, grace = job, scaled(REFUSAL_GRACE)
+    timeout = scaled(timeout)
+    job = dataclasses.replace(job, wait_timeout=scaled(job.wait_timeout))
     if job.resume_from is not None and not any(Path(job.resume_from).glob("rank*.json")):
         raise FileNotFoundError(f"resume_from={job.resume_from!r} holds no rank*.json checkpoint: the job that was "
                                 "to write it ended before its stop_at step")
@@ -440,7 +553,7 @@ def launch(job: RankJob, directory: Path, *, timeout: float = JOB_TIMEOUT) -> Ra
                 scanned = now
                 if any(s and s.get("refused") for s in read_statuses().values()):
                     refused_at = now
-            if refused_at is not None and now - refused_at > REFUSAL_GRACE:
+            if refused_at is not None and now - refused_at > grace:
                 break  # a rank refused the state and exited; a launcher tears the rest of the job down
             time.sleep(0.02)
         statuses = read_statuses()
@@ -472,7 +585,7 @@ def launch(job: RankJob, directory: Path, *, timeout: float = JOB_TIMEOUT) -> Ra
         batches.append([[_row_from_json(row) for row in json.loads(line)["rows"]] for line in lines])
     results = [{"steps": (statuses.get(r) or {}).get("step", 0), "refused": (statuses.get(r) or {}).get("refused"),
                 "unmatched": (statuses.get(r) or {}).get("unmatched")} for r in range(job.world_size)]
-    return RankRun(job, directory, batches, results, seconds)
+    return RankRun(given, directory, batches, results, seconds)
 
 
 # --------------------------------------------------------------------------- grading, across ranks
@@ -528,50 +641,68 @@ def grade_epoch(run: RankRun, *, universe: Counter[tuple[int, int]] | None = Non
 
 
 def grade_resume(whole: RankRun, parts: Sequence[RankRun]) -> None:
-    """Checkpointed and restarted on the same topology, each rank's batches are the uninterrupted run's (RES-1)."""
+    """Checkpointed and restarted on the same topology, each rank's batches are the uninterrupted run's (RES-1).
+
+    Each job's batches count up to the cut the next job restores (:meth:`RankRun.cut`): all of them when every
+    rank restores its own state, even with a rank ahead of the others (RES-6: its state counts its own batches),
+    and up to rank 0's count when every rank restores rank 0's state (a rank that was ahead redoes the rest).
+    """
     __tracebackhide__ = True
     stops = [p.job.stop_at for p in parts]
-    repro = _repro(whole.job, steps_per_job=stops)
+    repro = _repro(whole.job, steps_per_job=stops, ahead=[p.job.ahead for p in parts],
+                   restore=[p.job.restore for p in parts[1:]])
     for p in parts:
         check(not p.refusals(), clause="RES-1", what=f"a state was refused on the topology that wrote it: "
                                                      f"{p.refusals()}", repro=repro)
+    kept = [p.kept(nxt.job) for p, nxt in itertools.pairwise(parts)] + [parts[-1].batches]
     for r in range(whole.job.world_size):
-        joined = [b for p in parts for b in p.batches[r]]
-        assert_equal(joined, whole.batches[r], clause="RES-1",
-                     what=f"rank {r}'s batches over {len(parts)} jobs (stopping after {stops} steps), each a "
-                          "new set of processes restarted from the last one's checkpoint", repro=repro)
+        joined = [b for k in kept for b in k[r]]
+        assert_equal(joined, whole.batches[r], clause="RES-6" if any(p.job.ahead is not None for p in parts)
+                     else "RES-1",
+                     what=f"rank {r}'s batches over {len(parts)} jobs (stopping after {stops} steps, rank(s) "
+                          f"{[p.job.ahead for p in parts]} one batch ahead at the checkpoint; counted up to the cut "
+                          f"each restart restores: {[len(k[r]) for k in kept[:-1]]} batches), each a new set of "
+                          "processes restarted from the last one's checkpoint", repro=repro)
 
 
 def grade_topology_change(head: RankRun, after: RankRun, *, universe: Counter[tuple[int, int]]) -> str:
     """A checkpoint of ``head`` loaded by a job of another topology: an explicit refusal, or exactly once.
 
-    Returns ``"refused"`` or ``"continued"``; a refusal the adapter does not
-    call one, silent duplicates, a loss of a global batch or more, or ranks
-    out of lockstep fail with the clause.
+    Returns ``"refused"`` or ``"continued"``; an exception on the load that is
+    not of the adapter's declared ``refusal_types`` (shown with its type and
+    message), silent duplicates, a loss of a global batch or more, or ranks
+    out of lockstep fail with the clause. With a rank ahead at the checkpoint
+    (``head.job.ahead``) every rank must restore rank 0's state, and the
+    batches past rank 0's count are not counted as trained (:meth:`RankRun.cut`).
     """
     __tracebackhide__ = True
     from reference.packing import PackingConfig
 
     j1, j2 = head.job, after.job
+    if j1.ahead is not None and j2.restore != "rank0":
+        raise ValueError("a checkpoint whose ranks were out of lockstep (ahead=...) is one consistent cut only when "
+                         "every rank restores rank 0's state: pass restore='rank0'")
     packing = PackingConfig(**j1.config["packing"])
-    repro = _repro(j1, after=f"world_size={j2.world_size}, batch_size={j2.batch_size}, workers={j2.num_workers}",
-                   restore=j2.restore, steps=j1.stop_at)
+    repro = _repro(j1, workers=j1.num_workers, after=f"world_size={j2.world_size}, batch_size={j2.batch_size}, "
+                   f"workers={j2.num_workers}", restore=j2.restore, steps=j1.stop_at, ahead=j1.ahead)
     refusals = after.refusals()
     if refusals:
         bad = {r: v for r, v in refusals.items() if not v["is_refusal"]}
-        check(not bad, clause="RES-4", what=f"loading the state raised {bad}, which the adapter does not count as a "
-                                            "refusal", repro=repro)
+        shown = "; ".join(f"rank {r} at {v['phase']}: {v['error']}\n{v.get('where', '')}" for r, v in bad.items())
+        check(not bad, clause="RES-4", what=f"loading the state raised an exception that is not one of the adapter's "
+                                            f"declared refusal_types, a failure: {shown}", repro=repro)
         return "refused"
-    trained = pair_counts(head.rows(), epoch=0) + pair_counts(after.rows(), epoch=0)
+    kept = [row for batches in head.kept(j2) for batch in batches for row in batch]
+    trained = pair_counts(kept, epoch=0) + pair_counts(after.rows(), epoch=0)
     twice = sorted(p for p, c in trained.items() if c > 1)
-    check(not twice, clause="RES-4", what=f"after resuming on {j2.world_size} processes x batch {j2.batch_size}, "
-                                          f"{len(twice)} pairs were trained twice in the epoch, e.g. {twice[:8]}",
-          repro=repro)
+    check(not twice, clause="RES-4", what=f"after resuming on {j2.world_size} processes x batch {j2.batch_size} x "
+                                          f"{j2.num_workers} workers, {len(twice)} pairs were trained twice in the "
+                                          f"epoch, e.g. {twice[:8]}", repro=repro)
     g1, g2 = j1.world_size * j1.batch_size, j2.world_size * j2.batch_size
     room = max(g1, g2) * packing.seq_len
     lost = sorted(set(universe) - set(trained))
     check(len(lost) < room, clause="RES-4", what=f"after resuming on {j2.world_size} processes x batch "
-                                                 f"{j2.batch_size}, {len(lost)} pairs were never trained (allowed: "
+                                                 f"{j2.batch_size} x {j2.num_workers} workers, {len(lost)} pairs were never trained (allowed: "
                                                  f"fewer than {room}), e.g. {lost[:8]}", repro=repro)
     unmatched = after.unmatched()
     check(not unmatched and len(set(after.steps)) <= 1, clause="PART-1",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.adapter import CAPABILITIES, CanonicalRow, RowLoader
-from impl.errors import ConfigError, require
+from impl.errors import ConfigError, StateError, require
 from impl.loader import build_dataloader
 from reference.resume import Corpus, PipelineConfig, Topology, canonical_json, pipeline_fingerprint
 
@@ -117,6 +117,9 @@ class ImplAdapter:
     name = "impl"
     capabilities = CAPABILITIES - {"ordering:buffer"}
     """Everything but the buffered shuffle, which ``PackedDataset`` refuses (it has no O(1) random access)."""
+    refusal_types = (StateError, ConfigError)
+    """``ElasticLoader.load_state_dict`` refuses a state with ``StateError`` (RES-3) and an impossible topology or
+    position with ``ConfigError`` (``TopologyError``, PART-12); both are ``impl.errors``' re-exports of reference's."""
 
     def __init__(self, dataset_factory: DatasetFactory | None = None, capabilities: frozenset[str] | None = None,
                  name: str | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conformance.adapter import CAPABILITIES, CanonicalRow, RowLoader
+from reference.errors import ConfigError, StateError
 from reference.resume import Corpus, PipelineConfig, ReferenceLoader, Row, Topology
 
 
@@ -15,6 +16,8 @@ def rows_from_batch(batch: list[Row]) -> list[CanonicalRow]:
 class ReferenceAdapter:
     name = "reference"
     capabilities = CAPABILITIES
+    refusal_types = (StateError, ConfigError)
+    """RES-3 refuses a state with ``StateError``, PART-12 an impossible position or topology with ``ConfigError``."""
 
     def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> RowLoader:
         return RowLoader(ReferenceLoader(corpus, config, topology), rows_from_batch)

@@ -56,3 +56,27 @@ def test_tests_a_stopped_run_did_not_reach_are_listed_as_not_run_with_the_reason
     assert run.outcomes["test_a"] == Outcome("fail", "RES-1", "[RES-1] batches differ | repro: k=3")
     assert run.outcomes["test_b"] == Outcome("not run", "", "not reached: stopped at the 60s budget")
     assert "| `b` | not run |" in render([run], profile="dev", command="m")
+
+
+def test_a_rank_timeout_is_reported_as_a_timeout_never_as_a_failure_and_per_rank_rows_are_marked(tmp_path):
+    import json
+
+    from conformance.matrix import _read_log
+
+    log = tmp_path / "outcomes.jsonl"
+    suite = "conformance/tests/test_any_loader_processes.py"
+    log.write_text("\n".join(json.dumps(r) for r in [
+        {"collected": [f"{suite}::test_p[a]", f"{suite}::test_p[b]", "m.py::test_q"]},
+        {"nodeid": f"{suite}::test_p[a]", "when": "call", "outcome": "failed",
+         "text": "    raise RankTimeout(...)\nE   conformance.ranks.RankTimeout: rank 0 waited 61s at the join after "
+                 "step 2 for rank(s) [1]", "crash": "conformance.ranks.RankTimeout: rank 0 waited 61s"},
+        {"nodeid": f"{suite}::test_p[b]", "when": "call", "outcome": "passed", "text": ""},
+        {"nodeid": "m.py::test_q", "when": "call", "outcome": "failed",
+         "text": "E   TimeoutError: job did not finish within 120s; every rank was killed."},
+    ]) + "\n")
+    run = LoaderRun("peer", "x:y")
+    _read_log(log, run, stopped="")
+    assert run.outcomes["test_p"].status == "timeout" and run.outcomes["test_p"].clause == ""
+    assert run.outcomes["test_q"].status == "timeout"
+    text = render([run], profile="dev", command="m")
+    assert "| `p` (per rank) | timeout |" in text and "| `q` | timeout |" in text and "**FAIL**" not in text

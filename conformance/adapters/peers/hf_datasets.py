@@ -25,6 +25,10 @@ class HFDatasetsAdapter:
         self.datasets = require("datasets")
         self.StatefulDataLoader = require("torchdata.stateful_dataloader").StatefulDataLoader
         self.version = self.datasets.__version__
+        # datasets' own base class, the only type of it a refusal could have. IterableDataset.load_state_dict never
+        # raises it: a state from another number of shards or nodes fails on a key lookup (KeyError:
+        # 'ex_iterable_idx') or is silently continued, so those cases grade as failures showing the KeyError.
+        self.refusal_types = (require("datasets.exceptions").DatasetsError,)
 
     def build(self, corpus, config, topology, *, workdir):
         from datasets.distributed import split_dataset_by_node

@@ -26,6 +26,12 @@ class LitDataAdapter:
                               "end:drop_last"})
     limits = MappingProxyType({"max_seed": 2**31 - 1, "max_world_size": 1})
     process_group = True
+    refusal_types = ()
+    """None: LitData has no exception class for a refused state. ``StreamingDataset._validate_state_dict``
+    compares the saved ``shuffle``, ``num_workers`` (workers x ranks), ``seed``, ``drop_last``... with its own
+    and raises a bare ``ValueError`` ("The provided `num_workers` state doesn't match the current one"), the
+    same type its other code raises for unrelated bugs; the kit grades it as a failure that shows the message,
+    so a state from another topology passes only when LitData continues it exactly once."""
 
     def __init__(self) -> None:
         self.litdata = require("litdata")

@@ -47,6 +47,11 @@ class MosaicAdapter:
                               "packing:chunk", "packing:greedy", "packing:none", "end:drop_last"})
     limits = MappingProxyType({"max_seed": 2**31 - 1, "max_world_size": 1})
     process_group = True
+    refusal_types = ()
+    """None: streaming has no exception class for a refused state. ``StreamingDataset.load_state_dict`` takes
+    any ``sample_in_epoch`` (the loader's samples yielded on this rank times the number of ranks) and resumes
+    there on any topology; whatever it raises on a state it cannot use is a builtin (a ``KeyError`` on a missing
+    key, for one), graded as a failure showing it."""
 
     def __init__(self) -> None:
         import sys

@@ -1,4 +1,4 @@
-"""The kit's worked example: a complete adapter for a third-party loader (``tiny_loader.TinyLoader``): 14 lines of code.
+"""The kit's worked example: a complete adapter for a third-party loader (``tiny_loader.TinyLoader``): 15 lines of code.
 
 Run the kit on it: ``pytest --pyargs conformance.tests --loadspec-loader conformance.examples.third_party:adapter``.
 The loader does not pack, so the adapter packs the corpus with the kit's
@@ -7,7 +7,7 @@ helper (``pack_corpus``: rows carrying their provenance columns) and claims
 """
 
 from conformance.adapter import RowLoader
-from conformance.examples.tiny_loader import TinyLoader
+from conformance.examples.tiny_loader import TinyLoader, TinyStateError
 from conformance.provenance import pack_corpus, row_from_columns
 
 
@@ -15,6 +15,7 @@ class TinyAdapter:
     name, version = "tiny-loader", "1.0"
     capabilities = frozenset({"resume", "elastic", "shuffle:seeded", "ordering:sequential", "packing:concat",
                               "packing:chunk", "end:drop_last"})
+    refusal_types = (TinyStateError,)   # what the loader raises to refuse a state that is not its own
 
     def build(self, corpus, config, topology, *, workdir):
         loader = TinyLoader(pack_corpus(corpus, config.packing), batch_size=topology.batch_size, rank=topology.rank,

@@ -16,6 +16,10 @@ from typing import Any
 import numpy as np
 
 
+class TinyStateError(ValueError):
+    """The loader's refusal of a state that is not its own (the adapter declares it as its refusal type)."""
+
+
 class TinyLoader:
     def __init__(self, rows: list[Any], *, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
                  shuffle: bool = True) -> None:
@@ -45,5 +49,5 @@ class TinyLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if set(state) != {"ep", "seen"}:
-            raise ValueError(f"not a TinyLoader state: {state!r}")
+            raise TinyStateError(f"not a TinyLoader state: {state!r}")
         self.epoch, self.seen = int(state["ep"]), int(state["seen"])

@@ -29,7 +29,7 @@ from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
 from reference.resume import PipelineConfig, Topology
 
-pytestmark = pytest.mark.processes
+pytestmark = pytest.mark.loadspec_processes
 
 SEED = 20240917
 TIMEOUT = 120.0
@@ -104,7 +104,7 @@ def test_ranks_in_separate_processes_run_equal_steps_and_train_every_pair_at_mos
 
 
 @pytest.mark.clause("RES-1", "RES-6")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 def test_ranks_restarted_as_new_processes_from_their_checkpoints_continue_the_stream_also_when_restarted_twice(driven):
     whole = driven.whole(2, 2)
     k = max(1, min(whole.steps) // 3)
@@ -117,7 +117,7 @@ def test_ranks_restarted_as_new_processes_from_their_checkpoints_continue_the_st
 
 
 @pytest.mark.clause("RES-4", "PART-3", "PART-8")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @pytest.mark.parametrize(("before", "after", "restore"), [((2, 2), (3, 1), "own"), ((3, 1), (2, 3), "rank0")])
 def test_a_checkpoint_loaded_by_another_number_of_processes_is_refused_or_continues_exactly_once(
         driven, before, after, restore):

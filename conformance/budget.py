@@ -2,9 +2,10 @@
 
 Why not ``settings.load_profile``: the plugin runs in every project of the
 environment, and loading a profile would change the host project's own
-hypothesis tests. Instead the plugin gives each test of the ``conformance``
-package :func:`kit_settings` (or, for a test with its own ``@settings``, the
-kit's budget under what that decorator set explicitly).
+hypothesis tests. Instead the plugin decorates each hypothesis test of the
+``conformance`` package with :func:`kit_settings` (hypothesis's public
+``@settings`` decorator); a test that needs its own values is decorated with
+``@kit_settings(max_examples=...)``, which keeps the rest of the budget.
 
 Profiles, chosen by ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` (default: 30
 examples, derandomised, so every run sees the same examples), ``thorough``
@@ -22,8 +23,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     "thorough": {"max_examples": 600, "print_blob": True},
     "dev": {"max_examples": 10, "derandomize": True},
 }
-_NAMES = ("max_examples", "derandomize", "database", "verbosity", "phases", "stateful_step_count",
-          "report_multiple_bugs", "suppress_health_check", "deadline", "print_blob")
 
 
 def profile_name() -> str:
@@ -48,18 +47,3 @@ def kit_settings(**overrides: Any) -> Any:
     base.update(PROFILES[profile_name()])
     base.update(overrides)
     return settings(parent=settings.get_profile("default"), **base)
-
-
-def with_kit_budget(current: Any, *, explicit: bool) -> Any:
-    """``current`` (a test's settings) re-based on the kit's: fields its ``@settings`` set explicitly win.
-
-    A field counts as explicit when it differs from hypothesis's own default
-    (the settings object keeps no record of which keywords were passed).
-    """
-    from hypothesis import settings
-
-    if not explicit:
-        return kit_settings()
-    default = settings.get_profile("default")
-    chosen = {n: getattr(current, n) for n in _NAMES if hasattr(current, n) and getattr(current, n) != getattr(default, n)}
-    return kit_settings(**chosen)

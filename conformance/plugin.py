@@ -8,24 +8,28 @@ loads a hypothesis profile globally, and takes only namespaced names.
 What it adds:
 - ``--loadspec-loader module:factory`` (env ``LOADSPEC_LOADER``; default impl):
   the loader under test; the ``loadspec_adapter`` fixture returns the adapter
-  it builds, and skips a test marked ``capability(...)`` the loader lacks;
+  it builds, and skips a test marked ``loadspec_capability(...)`` the loader lacks;
   ``loadspec_loader_spec`` is the spec itself (for the per-rank processes);
   a loader chosen explicitly is checked at configure time
   (``conformance.adapter.check_adapter``), each problem a usage error (exit 4),
   and its package is also looked for in the directory pytest was run from;
 - the kit's hypothesis budget (``conformance.budget``, chosen by
   ``LOADSPEC_HYPOTHESIS_PROFILE``: ``ci`` by default, ``thorough``, ``dev``),
-  applied to tests inside the ``conformance`` package only;
+  applied to tests inside the ``conformance`` package only, through hypothesis's
+  public ``@settings`` decorator (a test with its own ``@settings`` keeps it);
 - ``--loadspec-xfails FILE`` / ``--loadspec-skips FILE``: one test id (or id
   prefix) per line, ``#`` comments, so a team can track its known failures
   (the array-api-tests convention);
-- markers ``clause(id, ...)``, ``capability(name, ...)``, ``gloo`` and ``processes``;
+- markers ``clause(id, ...)``, ``loadspec_capability(name, ...)``, ``loadspec_gloo`` and
+  ``loadspec_processes`` (``clause`` keeps its short name: every test of the
+  suites and of docs/SEMANTICS.md's meta test uses it);
 - a report header naming the loader under test, its version and capabilities
   (when the kit's own tests run or a loader was chosen).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -54,9 +58,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clause(*ids): the docs/SEMANTICS.md clause(s) a test checks")
-    config.addinivalue_line("markers", "capability(*names): adapter capabilities the test needs; skipped when absent")
-    config.addinivalue_line("markers", "gloo: multi-process torch.distributed (gloo) test")
-    config.addinivalue_line("markers", "processes: one process per rank (conformance.ranks)")
+    config.addinivalue_line("markers", "loadspec_capability(*names): adapter capabilities the test needs; skipped "
+                                       "when the loader under test lacks one")
+    config.addinivalue_line("markers", "loadspec_gloo: multi-process torch.distributed (gloo) test")
+    config.addinivalue_line("markers", "loadspec_processes: one process per rank (conformance.ranks)")
     explicit = config.getoption("--loadspec-loader") or os.environ.get(LOADER_ENV)
     if explicit and not config.getoption("help", False):
         check_chosen_loader(config, explicit)
@@ -173,8 +178,8 @@ def loadspec_loader_spec(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def loadspec_adapter(request: pytest.FixtureRequest, _loadspec_session_adapter: Any) -> Any:
-    """The adapter of the loader under test; a test marked ``capability(...)`` it lacks is skipped with the reason."""
-    marker = request.node.get_closest_marker("capability")
+    """The adapter of the loader under test; a test marked ``loadspec_capability(...)`` it lacks is skipped."""
+    marker = request.node.get_closest_marker("loadspec_capability")
     if marker is not None:
         missing = [c for c in marker.args if c not in _loadspec_session_adapter.capabilities]
         if missing:
@@ -229,12 +234,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _apply_kit_budget(item: pytest.Item) -> None:
-    """Give a kit hypothesis test the kit's budget, keeping what its own ``@settings`` set explicitly."""
+    """Give a kit hypothesis test without its own ``@settings`` the kit's budget, with hypothesis's public decorator.
+
+    A test that has its own ``@settings`` keeps it: hypothesis refuses a second
+    decorator (``InvalidArgument``), and the kit's own such tests build theirs
+    with ``conformance.budget.kit_settings(...)``, so they carry the budget already.
+    """
     fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
     if fn is None or not getattr(fn, "is_hypothesis_test", False) or getattr(fn, "_loadspec_budget", False):
         return
-    from conformance.budget import with_kit_budget
+    from hypothesis.errors import InvalidArgument
 
-    fn._hypothesis_internal_use_settings = with_kit_budget(
-        fn._hypothesis_internal_use_settings, explicit=getattr(fn, "_hypothesis_internal_settings_applied", False))
+    from conformance.budget import kit_settings
+
     fn._loadspec_budget = True
+    with contextlib.suppress(InvalidArgument):
+        kit_settings()(fn)

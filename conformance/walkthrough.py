@@ -16,7 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from fixtures import generators
+from impl.repo_fixtures import generators as fixture_generators
 from reference.mixing import MixConfig
 from reference.ordering import OrderingConfig
 from reference.packing import IGNORE, PackingConfig
@@ -52,6 +52,7 @@ def _show_sample(tokenizer, sample, *, width: int = 78) -> None:
 
 
 def main() -> None:
+    generators = fixture_generators()
     tokenizer = generators.load_tokenizer()
     texts = generators.load_corpus(limit=48)
     docs = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]

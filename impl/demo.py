@@ -222,9 +222,11 @@ def _read_logs(workdir: Path, phase: int, world: int) -> tuple[list[list[dict[st
 
 def run(workdir: Path, cfg: DemoConfig = DemoConfig()) -> dict[str, Any]:
     """Run the whole job in ``workdir`` and return the audit report (also printed)."""
-    from fixtures import generators
     from impl.dataset import PackedDataset
+    from impl.repo_fixtures import generators as fixture_generators
     from impl.store import TokenStore
+
+    generators = fixture_generators()
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(exist_ok=True)

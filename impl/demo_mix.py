@@ -131,8 +131,10 @@ def _code_texts(chars: int = 6000) -> list[str]:
 
 def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
     """Run the whole job in ``workdir`` and return the audit report (also printed)."""
-    from fixtures import generators
+    from impl.repo_fixtures import generators as fixture_generators
     from impl.store import TokenStore
+
+    generators = fixture_generators()
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(exist_ok=True)

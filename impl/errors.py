@@ -35,6 +35,7 @@ __all__ = [
     "EmptyDataError",
     "EvalBroadcastError",
     "EvalBuildError",
+    "FixturesNotFoundError",
     "LoadspecError",
     "LockTimeoutError",
     "SharedEpochError",
@@ -122,3 +123,7 @@ class UnguardedMainError(ConfigError):
 
 class SharedEpochError(LoadspecError, RuntimeError):
     """``set_epoch`` cannot reach forked workers: the epoch's shared-memory cell could not be allocated before a fork."""
+
+
+class FixturesNotFoundError(LoadspecError, FileNotFoundError):
+    """The demos' data (the checkout's ``fixtures/``) is not beside this loadspec: it was installed from a wheel."""

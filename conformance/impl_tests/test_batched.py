@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed, check
+from conformance.budget import kit_settings
 from conformance.impl_tests.test_dataset import CAPABILITIES, make_store
 from impl import fill as fl
 from impl import packing as ip
@@ -85,7 +86,7 @@ def assert_same_batch(got, expected, *, clause: str, what: str, repro) -> None:
 
 
 @pytest.mark.clause("PACK-20", "PACK-3", "PACK-4", "PACK-5")
-@settings(max_examples=120)
+@kit_settings(max_examples=120)
 @given(corpus=ls.corpora(), config=ls.packing_configs(), data=st.data())
 def test_materialize_batch_equals_the_reference_samples_for_every_mode_option_and_token_source(corpus, config, data):
     docs = unique_tokens(corpus)
@@ -132,7 +133,7 @@ def test_bos_and_eos_at_the_edges_of_every_file_come_out_as_in_the_reference(mod
 
 
 @pytest.mark.clause("PACK-20", "COLL-8", "COLL-11")
-@settings(max_examples=40)
+@kit_settings(max_examples=40)
 @given(corpus=ls.corpora(), config=ls.packing_configs(), data=st.data())
 def test_segments_from_the_pieces_equal_cu_seqlens_of_the_position_ids(corpus, config, data):
     docs = unique_tokens(corpus)
@@ -280,7 +281,7 @@ def test_collate_passes_a_batched_dict_through_and_adds_missing_varlen_fields():
 
 
 @pytest.mark.clause("PACK-20", "RES-1", "PART-5")
-@settings(max_examples=15)
+@kit_settings(max_examples=15)
 @given(corpus=ls.corpora(), config=ls.pipeline_configs(CAPABILITIES), batch_size=st.integers(1, 5),
        world=st.sampled_from([(0, 1), (1, 2), (2, 3)]))
 def test_loader_batches_with_and_without_the_batched_path_are_identical(corpus, config, batch_size, world):

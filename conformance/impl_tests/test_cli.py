@@ -165,7 +165,7 @@ def test_commands_report_typed_errors_with_exit_code_2(tmp_path, capsys):
     check("StoreNotFoundError" in err, clause="RES-3", what=f"stderr {err!r} does not name the error")
 
 
-@pytest.mark.gloo
+@pytest.mark.loadspec_gloo
 @pytest.mark.clause("RES-4", "RES-1")
 def test_demo_resumes_two_ranks_on_three_with_no_sample_missing_or_repeated_gloo(tmp_path):
     cfg = DemoConfig(documents=10, seq_len=32, global_batch=6, checkpoint_step=4, steps_after_checkpoint=2,

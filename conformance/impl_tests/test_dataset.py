@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed, check
+from conformance.budget import kit_settings
 from impl.dataset import PLAN_BLOCK, PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError
 from impl.store import TokenStore
@@ -156,7 +157,7 @@ def test_every_sample_of_several_epochs_equals_the_reference_field_for_field(cor
 
 
 @pytest.mark.clause("RES-1", "PACK-14", "ORD-5")
-@settings(max_examples=6)
+@kit_settings(max_examples=6)
 @given(seed=ls.seeds, data=st.data())
 def test_samples_of_a_store_of_a_thousand_documents_equal_the_reference_in_every_mode(seed, data):
     rng = np.random.default_rng(seed)

@@ -32,7 +32,7 @@ from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_exactly_once, check
 from conformance.distributed import JOIN_TIMEOUT, REPO_ROOT, read_logs
 
-pytestmark = [pytest.mark.gloo,
+pytestmark = [pytest.mark.loadspec_gloo,
               pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                  reason="torch.distributed with gloo is not available")]
 
@@ -194,7 +194,7 @@ def test_mixture_survives_a_kill_9_and_resumes_on_3_ranks_gloo(stores, tmp_path)
                  "2 ranks to the checkpoint before the kill, then 3")
 
 
-@pytest.mark.gloo
+@pytest.mark.loadspec_gloo
 @pytest.mark.clause("MIX-13", "RES-4")
 def test_the_mixture_demo_trains_resumes_on_three_ranks_and_validates_with_no_sample_lost_or_repeated_gloo(tmp_path):
     from impl.demo_mix import run

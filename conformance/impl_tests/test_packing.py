@@ -15,11 +15,12 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed, check
+from conformance.budget import kit_settings
 from impl import fill as fl
 from impl import packing as ip
 from impl.errors import ConfigError
@@ -78,7 +79,7 @@ def test_bin_plans_with_long_documents_equal_the_reference(corpus, config):
 
 
 @pytest.mark.clause("PACK-14", "PACK-20")
-@settings(max_examples=8)
+@kit_settings(max_examples=8)
 @given(seed=ls.seeds, n=st.integers(500, 3000), config=ls.packing_configs(max_seq_len=64),
        window=st.sampled_from([1, 3, 50, 1000]))
 @pytest.mark.parametrize("mode", rp.MODES)

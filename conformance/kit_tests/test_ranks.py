@@ -28,7 +28,7 @@ from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
 from reference.resume import PipelineConfig
 
-pytestmark = pytest.mark.processes
+pytestmark = pytest.mark.loadspec_processes
 
 CONFIG = PipelineConfig(packing=PackingConfig(seq_len=4, mode="concat", pad_id=0),
                         ordering=OrderingConfig(kind="global", seed=3))

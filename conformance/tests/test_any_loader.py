@@ -153,7 +153,7 @@ def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus,
 
 
 @pytest.mark.clause("RES-1", "RES-2")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @given(corpus=ls.provenance_corpora(), data=st.data(),
        k=st.integers(0, 8), j=st.integers(0, 3))
 def test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_resumed_twice(
@@ -192,7 +192,7 @@ def _topology_changes(draw, workers: bool, max_world: int) -> tuple[Topology, To
 
 
 @pytest.mark.clause("RES-4", "PART-3", "PART-8")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @given(corpus=ls.provenance_corpora(max_docs=12), data=st.data(), k=st.integers(0, 5),
        skew=st.sampled_from([0, 0, 1]), restore=st.sampled_from(["own", "rank0"]))
 def test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once(

@@ -38,7 +38,7 @@ from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
 from reference.resume import PipelineConfig, Topology
 
-pytestmark = pytest.mark.processes
+pytestmark = pytest.mark.loadspec_processes
 
 SEED = 20240917
 TIMEOUT = 120.0
@@ -113,7 +113,7 @@ def test_ranks_in_separate_processes_run_equal_steps_and_train_every_pair_at_mos
 
 
 @pytest.mark.clause("RES-1", "RES-6")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 def test_ranks_restarted_as_new_processes_from_their_checkpoints_continue_the_stream_also_when_restarted_twice(driven):
     whole = driven.whole(2, 2)
     k = max(1, min(whole.steps) // 3)
@@ -126,7 +126,7 @@ def test_ranks_restarted_as_new_processes_from_their_checkpoints_continue_the_st
 
 
 @pytest.mark.clause("RES-1", "RES-6")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @pytest.mark.parametrize("ahead", [1, 0])
 def test_a_rank_one_batch_ahead_at_the_checkpoint_resumes_from_its_own_state_exactly_where_it_stopped(driven, ahead):
     """Lockstep skew both ways, each rank restoring its own state: each state counts that rank's batches (RES-6).
@@ -140,7 +140,7 @@ def test_a_rank_one_batch_ahead_at_the_checkpoint_resumes_from_its_own_state_exa
 
 
 @pytest.mark.clause("RES-1", "RES-6")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 def test_ranks_restoring_rank_0s_state_while_rank_1_was_ahead_continue_from_rank_0s_count_exactly(driven):
     """The checkpoint is rank 0's cut: rank 1 redoes the batch it took past it, every other batch comes once.
 
@@ -163,7 +163,7 @@ def _topology_change(driven, before, after, restore="own", ahead=None) -> None:
 
 
 @pytest.mark.clause("RES-4", "PART-3", "PART-8")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @pytest.mark.parametrize(("before", "after", "restore", "ahead"), [
     ((2, 2), (3, 1), "own", None), ((3, 1), (2, 3), "rank0", None), ((3, 1), (2, 2), "rank0", 2)])
 def test_a_checkpoint_loaded_by_another_number_of_processes_is_refused_or_continues_exactly_once(
@@ -172,14 +172,14 @@ def test_a_checkpoint_loaded_by_another_number_of_processes_is_refused_or_contin
 
 
 @pytest.mark.clause("RES-4", "RES-5", "PART-8")
-@pytest.mark.capability("resume", "workers")
+@pytest.mark.loadspec_capability("resume", "workers")
 def test_a_checkpoint_loaded_with_other_ranks_and_other_workers_is_refused_or_continues_exactly_once(driven):
     """2 ranks x 4 workers resumed on 3 ranks x 2 workers: both counts change at once."""
     _topology_change(driven, (2, 2, 4), (3, 1, 2))
 
 
 @pytest.mark.clause("RES-4", "RES-5", "PART-8")
-@pytest.mark.capability("resume", "workers")
+@pytest.mark.loadspec_capability("resume", "workers")
 def test_a_checkpoint_loaded_with_another_number_of_workers_on_the_same_ranks_is_refused_or_continues_exactly_once(
         driven):
     """2 ranks with no worker resumed on 2 ranks with 2 workers each: only the worker count changes."""

@@ -26,7 +26,7 @@ from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
 from reference.resume import PipelineConfig, ReferenceLoader, Topology, make_state
 
-pytestmark = [pytest.mark.gloo,
+pytestmark = [pytest.mark.loadspec_gloo,
               pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                  reason="torch.distributed with gloo is not available")]
 

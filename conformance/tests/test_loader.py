@@ -43,7 +43,7 @@ def _supported(loadspec_adapter, config: PipelineConfig, topology: Topology | No
 
 
 @pytest.mark.clause("RES-1", "PART-1", "PACK-1", "ORD-1")
-@pytest.mark.capability("bit_exact")
+@pytest.mark.loadspec_capability("bit_exact")
 @given(corpus=ls.corpora(), data=st.data(), topology=ls.topologies())
 def test_every_rank_batch_equals_the_reference_bit_for_bit(loadspec_adapter, corpus, data, topology):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
@@ -57,7 +57,7 @@ def test_every_rank_batch_equals_the_reference_bit_for_bit(loadspec_adapter, cor
 
 
 @pytest.mark.clause("PART-1", "SHARD-1")
-@pytest.mark.capability("bit_exact")
+@pytest.mark.loadspec_capability("bit_exact")
 @given(corpus=ls.corpora(), data=st.data(), topology=ls.topologies())
 def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loadspec_adapter, corpus, data, topology):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
@@ -79,7 +79,7 @@ def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loadspec_adap
 
 
 @pytest.mark.clause("RES-1", "RES-2")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @given(corpus=ls.corpora(), data=st.data(), topology=ls.topologies(max_world=2), k=ls.positions)
 def test_resuming_at_any_step_continues_the_uninterrupted_stream(loadspec_adapter, corpus, data, topology, k):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
@@ -100,7 +100,7 @@ def test_resuming_at_any_step_continues_the_uninterrupted_stream(loadspec_adapte
 
 
 @pytest.mark.clause("RES-2")
-@pytest.mark.capability("resume", "state:version", "state:fingerprint")
+@pytest.mark.loadspec_capability("resume", "state:version", "state:fingerprint")
 @given(corpus=ls.corpora(), data=st.data(), k=st.integers(0, 5))
 def test_state_is_small_json_with_version_and_fingerprint(loadspec_adapter, corpus, data, k):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
@@ -115,7 +115,7 @@ def test_state_is_small_json_with_version_and_fingerprint(loadspec_adapter, corp
 
 
 @pytest.mark.clause("RES-3")
-@pytest.mark.capability("resume", "state:version", "state:fingerprint")
+@pytest.mark.loadspec_capability("resume", "state:version", "state:fingerprint")
 @given(corpus=ls.corpora(min_documents=2), data=st.data())
 def test_a_state_from_other_data_or_a_future_version_is_refused(loadspec_adapter, corpus, data):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
@@ -131,7 +131,7 @@ def test_a_state_from_other_data_or_a_future_version_is_refused(loadspec_adapter
 
 
 @pytest.mark.clause("RES-4", "PART-3")
-@pytest.mark.capability("bit_exact", "resume", "elastic", "end:drop_last")
+@pytest.mark.loadspec_capability("bit_exact", "resume", "elastic", "end:drop_last")
 @given(corpus=ls.corpora(max_docs=12), data=st.data(), before=ls.topologies(replication=False),
        after=ls.topologies(replication=False), k=st.integers(0, 6))
 def test_resume_after_world_size_change_sees_every_sample_once(loadspec_adapter, corpus, data, before, after, k):
@@ -163,7 +163,7 @@ def test_resume_after_world_size_change_sees_every_sample_once(loadspec_adapter,
 
 
 @pytest.mark.clause("RES-5")
-@pytest.mark.capability("workers", "workers:same_stream")
+@pytest.mark.loadspec_capability("workers", "workers:same_stream")
 @given(corpus=ls.corpora(), data=st.data(), workers=st.integers(1, 2))
 def test_worker_count_does_not_change_the_stream(loadspec_adapter, corpus, data, workers):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
@@ -175,7 +175,7 @@ def test_worker_count_does_not_change_the_stream(loadspec_adapter, corpus, data,
 
 
 @pytest.mark.clause("RES-7", "ORD-1")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @given(corpus=ls.corpora(min_documents=4), data=st.data())
 def test_the_next_epoch_follows_the_last_batch_of_the_previous_one(loadspec_adapter, corpus, data):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))

@@ -21,7 +21,7 @@ STEPS = 12
 
 
 @pytest.mark.clause("RES-1", "RES-2", "RES-4", "RES-5", "RES-6", "RES-7", "PART-3", "PART-8")
-@pytest.mark.capability("bit_exact", "resume")
+@pytest.mark.loadspec_capability("bit_exact", "resume")
 def test_any_sequence_of_steps_checkpoints_crashes_resizes_and_epochs_keeps_the_stream_exact(loadspec_adapter):
     bounded = kit_settings(max_examples=min(kit_settings().max_examples, MAX_EXAMPLES), stateful_step_count=STEPS)
     run_state_machine_as_test(machine_for(loadspec_adapter), settings=bounded)

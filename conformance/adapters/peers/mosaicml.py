@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 from conformance.adapters.peers import require
 from conformance.adapters.peers._common import Empty, EpochLoader, by_column, data_dir, rows_of_columns
+from conformance.adapters.peers._streaming import import_streaming
 from conformance.provenance import ROW_COLUMNS, pack_corpus
 
 
@@ -54,11 +55,6 @@ class MosaicAdapter:
     key, for one), graded as a failure showing it."""
 
     def __init__(self) -> None:
-        import sys
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-        from benchmarks.peers import import_streaming
-
         self.streaming = import_streaming()
         self.version = self.streaming.__version__
         self.np = require("numpy")

@@ -79,7 +79,8 @@ from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, bin_key, pack_plan
 from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key, resolve_keys
 from impl.splits import SplitStore, split_pipeline
-from impl.store import META_FILE, TokenStore
+from impl.store import TokenStore
+from impl.store_format import META_FILE
 from reference.ordering import Kind, OrderingConfig
 from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
 from reference.partition import PADDING, End

@@ -676,7 +676,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         flattened batch: ``impl.collation.cu_seqlens``) and ``max_seqlen``
         (int). Tensors wrap the numpy results (``torch.from_numpy``, no copy).
 
-        Why: one ``impl.packing.materialize_batch`` per epoch in the batch
+        Why: one ``impl.fill.materialize_batch`` per epoch in the batch
         costs a fixed number of numpy calls, where ``B`` calls of
         ``__getitem__`` plus ``collate`` pay ~20 numpy calls per sample.
         """

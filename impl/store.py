@@ -93,11 +93,12 @@ from impl.store_format import (
     QUICK_SIGNATURE_BYTES,
     READABLE_FORMAT_VERSIONS,
     BuildOptions,
-    CrcTable,
     FileRecord,
     arrow_buffer_layout,
     arrow_type,
     buffer_layout,
+    check_crc_table_size,
+    crc_table_where,
     hash_documents,
     hash_file_blocks,
     quick_signature,
@@ -333,11 +334,11 @@ class TokenStore:
         self._tables: dict[str, np.ndarray] = {}
         if self._version >= 3:
             self._table_at = [0, *itertools.accumulate(-(-r.size // self._block_bytes) for r in self._records)]
-            self._check_table_size(CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
+            check_crc_table_size(path, meta, CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
         #: Format 4: one byte per document of the store, 1 once its CRC passed (a demand-zero map, made on first use).
         self._documents_verified: mmap.mmap | None = None
         if self._version >= 4:
-            self._check_table_size(CRC_TABLES[1], int(meta["num_documents"]), "documents")
+            check_crc_table_size(path, meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
         self._map_lock = threading.Lock()
         self._closed = False
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
@@ -467,26 +468,7 @@ class TokenStore:
                        documents, verified)
 
     def _table_where(self, name: str) -> str:
-        return f"token store {self._path}: {name}"
-
-    def _check_table_size(self, spec: CrcTable, entries: int, what: str) -> None:
-        """At open (format 3, 4): table ``spec`` exists and holds one 4-byte CRC per entry (``entries`` ``what``)."""
-        expected, name = 4 * entries, spec.name
-        recorded = self._meta["layout"][spec.key]["size"]
-        if recorded != expected:
-            raise StoreCorruptError(
-                f"{self._path / META_FILE}: layout.{spec.key} records {recorded} bytes, but the store's "
-                f"{entries} {what} need {expected}; {REBUILD_HINT}"
-            )
-        try:
-            size = os.stat(f"{self._root}/{name}").st_size
-        except FileNotFoundError:
-            raise StoreCorruptError(f"{self._table_where(name)} is missing; {REBUILD_HINT}") from None
-        if size != expected:
-            raise StoreCorruptError(
-                f"{self._table_where(name)} {'is truncated' if size < expected else 'changed since it was built'} "
-                f"({size} bytes, {expected} when built); {REBUILD_HINT}"
-            )
+        return crc_table_where(self._path, name)
 
     def _crc_table(self, name: str, entries: int) -> np.ndarray:
         """CRC table ``name``'s ``entries`` recorded CRC-32s (big-endian uint32), one read-only mapping made on first use."""

@@ -114,7 +114,9 @@ __all__ = [
     "arrow_buffer_layout",
     "arrow_type",
     "buffer_layout",
+    "check_crc_table_size",
     "content_fingerprint",
+    "crc_table_where",
     "hash_documents",
     "hash_file_blocks",
     "open_arrow",
@@ -520,3 +522,32 @@ def take_crc_tables(meta: dict[str, Any]) -> list[tuple[CrcTable, bytes]]:
         meta["layout"][spec.key] = {"name": spec.name, "size": len(table), "sha256": hashlib.sha256(table).hexdigest()}
     meta["layout"]["document_checksum"] = "crc32"
     return out
+
+
+def crc_table_where(root: str | os.PathLike[str], name: str) -> str:
+    """How messages name CRC table ``name`` of the store at ``root``."""
+    return f"token store {root}: {name}"
+
+
+def check_crc_table_size(root: Path, meta: Mapping[str, Any], spec: CrcTable, entries: int, what: str) -> None:
+    """At open (format 3, 4): table ``spec`` exists and holds one 4-byte CRC per entry (``entries`` ``what``).
+
+    Reads no table byte: ``meta.json``'s recorded size and the file's size
+    must both be ``4 * entries`` (the entries' content is checked when read).
+    """
+    expected, name = 4 * entries, spec.name
+    recorded = meta["layout"][spec.key]["size"]
+    if recorded != expected:
+        raise StoreCorruptError(
+            f"{root / META_FILE}: layout.{spec.key} records {recorded} bytes, but the store's "
+            f"{entries} {what} need {expected}; {REBUILD_HINT}"
+        )
+    try:
+        size = os.stat(f"{root}/{name}").st_size
+    except FileNotFoundError:
+        raise StoreCorruptError(f"{crc_table_where(root, name)} is missing; {REBUILD_HINT}") from None
+    if size != expected:
+        raise StoreCorruptError(
+            f"{crc_table_where(root, name)} {'is truncated' if size < expected else 'changed since it was built'} "
+            f"({size} bytes, {expected} when built); {REBUILD_HINT}"
+        )

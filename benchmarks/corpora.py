@@ -73,7 +73,7 @@ def store_dir_name() -> str:
     before the records carried their buffer layout (or with other blocks)
     still opens, but is not what this checkout measures.
     """
-    from impl.store import BLOCK_BYTES, FORMAT_VERSION
+    from impl.store_format import BLOCK_BYTES, FORMAT_VERSION
 
     return "store" if FORMAT_VERSION == 1 else f"store-v{FORMAT_VERSION}-b{BLOCK_BYTES // 1024}k-buffers"
 

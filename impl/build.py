@@ -5,7 +5,10 @@ how it is read; this one owns how it gets there, which is where the hard
 failure modes live (parallel workers, locks, a crash half way, replacing an
 existing store). :meth:`TokenStore.build` and
 :meth:`TokenStore.from_token_files` are the public entry points and delegate
-here.
+here, passing ``TokenStore.open`` as ``open_store``: the writer opens the
+store it publishes (and any store already at ``out_dir``) through it, so this
+module imports the format (:mod:`impl.store_format`) but not the reader,
+which imports this one.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -49,8 +52,7 @@ from impl.errors import (
     UnsafeOutputError,
 )
 from impl.sources import Source, rechunk, resolve_source
-from impl.store import (
-    _CRC_TABLES,
+from impl.store_format import (
     BLOCK_BYTES,
     COLUMN,
     DEFAULT_DOCS_PER_FILE,
@@ -61,18 +63,33 @@ from impl.store import (
     QUICK_SIGNATURE_BYTES,
     BuildOptions,
     FileRecord,
-    TokenStore,
-    _arrow_type,
-    _content_fingerprint,
     arrow_buffer_layout,
+    arrow_type,
+    content_fingerprint,
     hash_documents,
     hash_file_blocks,
     quick_signature,
+    take_crc_tables,
 )
 
 __all__ = ["build_store", "check_output_path", "store_from_token_files"]
 
 _UINT16_LIMIT = 1 << 16
+
+
+class OpenedStore(Protocol):
+    """What the writer reads of an opened store (a :class:`~impl.store.TokenStore`): its meta and fingerprint."""
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+
+StoreT = TypeVar("StoreT", bound=OpenedStore)
+OpenStore = Callable[[Path], StoreT]
+"""Opens the store at a path, refusing with :class:`StoreError` one it cannot read (``TokenStore.open``)."""
 
 LOCK_TIMEOUT_S = 3600.0
 """How long a build waits for another builder of the same out_dir (``LOADSPEC_LOCK_TIMEOUT_S`` overrides)."""
@@ -95,8 +112,14 @@ def build_store(
     progress: bool = True,
     split: str | None = None,
     overwrite: bool = False,
-) -> TokenStore:
-    """Tokenize ``source`` into a new store at ``out_dir`` and return it opened.
+    open_store: OpenStore[StoreT],
+) -> StoreT:
+    """Tokenize ``source`` into a new store at ``out_dir`` and return it opened with ``open_store``.
+
+    ``open_store``: opens a store at a path (:meth:`TokenStore.open
+    <impl.store.TokenStore.open>`, which :meth:`TokenStore.build
+    <impl.store.TokenStore.build>` passes); used for the published store and
+    for a store already at ``out_dir``.
 
     ``source``: a ``datasets.Dataset`` / ``IterableDataset``; a
     ``DatasetDict`` with ``split=``; a parquet, arrow (IPC file or stream),
@@ -199,7 +222,7 @@ def build_store(
             build_key=build_key,
         )
 
-    return _publish(out_dir, build_key, overwrite, produce)
+    return _publish(out_dir, build_key, overwrite, produce, open_store)
 
 def store_from_token_files(
     files: Sequence[Sequence[Sequence[int]]],
@@ -211,7 +234,8 @@ def store_from_token_files(
     pad_id: int | None = None,
     overwrite: bool = False,
     progress: bool = False,
-) -> TokenStore:
+    open_store: OpenStore[StoreT],
+) -> StoreT:
     """Write already-tokenized documents as a store: ``files[f][j]`` is document j of store file f.
 
     Why: tests, the conformance kit and pipelines that tokenize elsewhere
@@ -287,7 +311,7 @@ def store_from_token_files(
                                   "fingerprint": source_fp},
                           build_key=build_key)
 
-    return _publish(out_dir, build_key, overwrite, produce)
+    return _publish(out_dir, build_key, overwrite, produce, open_store)
 
 
 # --------------------------------------------------------------------------- token files
@@ -427,7 +451,7 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
         "num_tokens": sum(r["num_tokens"] for r in records),
         "num_empty_documents": sum(r["num_empty_documents"] for r in records),
         "files": records,
-        "fingerprint": _content_fingerprint([r["sha256"] for r in records], dtype, tinfo.sha256, add_bos, add_eos),
+        "fingerprint": content_fingerprint([r["sha256"] for r in records], dtype, tinfo.sha256, add_bos, add_eos),
         "tokenizer": tinfo.to_json(),
         "options": options,
         "source": source,
@@ -437,7 +461,7 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
         "layout": {
             "file_format": "arrow-ipc-file",
             "column": COLUMN,
-            "type": str(_arrow_type(np.dtype(dtype))),
+            "type": str(arrow_type(np.dtype(dtype))),
             "quick_signature_bytes": QUICK_SIGNATURE_BYTES,
             "block_bytes": BLOCK_BYTES,
             "block_checksum": "crc32",
@@ -447,20 +471,12 @@ def _make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInf
 
 
 def _with_block_table(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """The records' block CRCs and (format 4) document CRCs, hex as the file writers return them, moved into tables.
+    """``meta`` with its records' CRCs moved into the CRC table files (:func:`impl.store_format.take_crc_tables`).
 
-    Why a table file: ``meta.json`` is parsed whole by every ``open``; as hex
-    it carried 8 characters per block (170 KB for a 1.3 GB store in 64 KiB
-    blocks), while the table is mapped and only the entries of the blocks a
-    process checks are read, so blocks can be small (cheap first reads)
-    without slowing ``open``. Written before ``meta.json``, which records its
-    size and sha256.
+    Written before ``meta.json``, which records each table's size and sha256.
     """
-    for spec in _CRC_TABLES:
-        table = b"".join(bytes.fromhex(record.pop(spec.field)) for record in meta["files"])
+    for spec, table in take_crc_tables(meta):
         atomic_write_bytes(tmp / spec.name, table)
-        meta["layout"][spec.key] = {"name": spec.name, "size": len(table), "sha256": hashlib.sha256(table).hexdigest()}
-    meta["layout"]["document_checksum"] = "crc32"
     return meta
 
 
@@ -558,7 +574,7 @@ def _source_paths(source: Any) -> list[str | os.PathLike[str]]:
 
 
 def _publish(out_dir: str | os.PathLike[str], build_key: str | None, overwrite: bool,
-             produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
+             produce: Callable[[Path], dict[str, Any]], open_store: OpenStore[StoreT]) -> StoreT:
     """Run ``produce(tmp_dir) -> meta`` under the out_dir lock and put the result in place atomically.
 
     The lock serialises builders of one ``out_dir``; the temporary sibling
@@ -575,7 +591,7 @@ def _publish(out_dir: str | os.PathLike[str], build_key: str | None, overwrite: 
     """
     out = Path(os.path.abspath(os.fspath(out_dir)))
     try:
-        return _publish_locked(out, build_key, overwrite, produce)
+        return _publish_locked(out, build_key, overwrite, produce, open_store)
     except OSError as exc:
         if isinstance(exc, (TimeoutError, LoadspecError)) or exc.errno is None:
             raise
@@ -594,11 +610,11 @@ def _publish(out_dir: str | os.PathLike[str], build_key: str | None, overwrite: 
 
 
 def _publish_locked(out: Path, build_key: str | None, overwrite: bool,
-                    produce: Callable[[Path], dict[str, Any]]) -> TokenStore:
+                    produce: Callable[[Path], dict[str, Any]], open_store: OpenStore[StoreT]) -> StoreT:
     out.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(lock_path_for(out), timeout=_lock_timeout()):
         _remove_stale_temp_dirs(out)
-        existing = _existing_store(out, build_key, overwrite)
+        existing = _existing_store(out, build_key, overwrite, open_store)
         if existing is not None:
             return existing
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -629,7 +645,7 @@ def _publish_locked(out: Path, build_key: str | None, overwrite: bool,
             os.unlink(out / _MARKER)
         if trash is not None and _is_own_temp_dir(trash, out):
             _remove_own_dir(trash, out)
-        return TokenStore.open(out)
+        return open_store(out)
 
 
 def _lock_timeout() -> float:
@@ -670,12 +686,13 @@ def _remove_own_dir(path: Path, out: Path) -> None:
         path.rmdir()
 
 
-def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenStore | None:
+def _existing_store(out: Path, build_key: str | None, overwrite: bool,
+                    open_store: OpenStore[StoreT]) -> StoreT | None:
     if not out.exists() and not out.is_symlink():
         return None
     if out.is_symlink() and out.is_dir() and _is_loadspec_store_dir(out) and not overwrite:
         with contextlib.suppress(StoreError):
-            linked = TokenStore.open(out)
+            linked = open_store(out)
             if build_key is not None and linked.meta.get("build_key") == build_key:
                 return linked  # the same store, reached through a link: nothing to replace
     if not out.is_dir() or out.is_symlink():
@@ -698,7 +715,7 @@ def _existing_store(out: Path, build_key: str | None, overwrite: bool) -> TokenS
             "create, with or without overwrite: choose another out_dir (e.g. a new subdirectory)"
         )
     try:
-        store = TokenStore.open(out)
+        store = open_store(out)
     except StoreError as exc:
         if overwrite:
             return None

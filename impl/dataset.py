@@ -79,7 +79,8 @@ from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, bin_key, pack_plan
 from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key, resolve_keys
 from impl.splits import SplitStore, split_pipeline
-from impl.store import META_FILE, TokenStore
+from impl.store import TokenStore
+from impl.store_format import META_FILE
 from reference.ordering import Kind, OrderingConfig
 from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
 from reference.partition import PADDING, End
@@ -675,7 +676,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         flattened batch: ``impl.collation.cu_seqlens``) and ``max_seqlen``
         (int). Tensors wrap the numpy results (``torch.from_numpy``, no copy).
 
-        Why: one ``impl.packing.materialize_batch`` per epoch in the batch
+        Why: one ``impl.fill.materialize_batch`` per epoch in the batch
         costs a fixed number of numpy calls, where ``B`` calls of
         ``__getitem__`` plus ``collate`` pay ~20 numpy calls per sample.
         """

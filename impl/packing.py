@@ -30,8 +30,7 @@ offsets carry labels, where BOS/EOS are added. The plan never reads a
 token, so computing, caching and loading it touches no token file.
 
 Why two modules: a plan is integers about documents, the fill is the one
-reader of tokens; ``impl.packing.materialize`` and the other fill names
-still resolve here (re-exported from ``impl.fill`` on first use).
+reader of tokens (which imports this module, never the other way).
 
 Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 
@@ -516,15 +515,3 @@ def num_samples(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> i
         step = config.continuation_room - config.stride
         return int(np.where(prepared <= L, 1, 1 + (prepared - L + step - 1) // step).sum())
     return pack_plan(lengths, config).num_samples
-
-
-_FILL_NAMES = frozenset({"TokenSource", "materialize", "materialize_batch", "fill_batch", "BATCH_FIELDS"})
-
-
-def __getattr__(name: str) -> Any:
-    """The fill's names, moved to ``impl.fill``, still importable from here (resolved lazily: fill imports this module)."""
-    if name in _FILL_NAMES:
-        from impl import fill
-
-        return getattr(fill, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

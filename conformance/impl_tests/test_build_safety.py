@@ -219,7 +219,7 @@ def _parent_of_hanging_workers(source_docs, tok_dir, out, pid_dir):
     os.environ["LOADSPEC_TEST_PIDS"] = pid_dir
     build._worker_init = _slow_worker_init
     build._worker_write = _hanging_worker_write
-    build.TokenStore.build(source_docs, tok_dir, out, num_proc=2, docs_per_file=2, progress=False)
+    TokenStore.build(source_docs, tok_dir, out, num_proc=2, docs_per_file=2, progress=False)
 
 
 def test_build_workers_die_with_their_killed_parent(tmp_path):

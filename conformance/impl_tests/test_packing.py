@@ -195,19 +195,13 @@ def test_token_source_refuses_file_starts_that_do_not_start_at_zero_or_decrease(
                                                                          "TokenStore.file_document_starts"])
 
 
-def test_the_moved_fill_names_still_resolve_from_impl_packing():
-    assert_equal((ip.materialize, ip.materialize_batch, ip.fill_batch, ip.TokenSource),
-                 (fl.materialize, fl.materialize_batch, fl.fill_batch, fl.TokenSource), clause="PACK-20",
-                 what="impl.packing re-exports")
-
-
 @pytest.mark.clause("PACK-20")
 def test_invalid_plan_requests_raise_config_errors_naming_the_fix():
     config = PackingConfig(seq_len=4)
     plan = ip.pack_plan([3, 6, 1], config)
     assert_raises_typed(ConfigError, plan.pieces, 2, clause="PACK-20", what="sample beyond the plan",
                         mentions=["sample index 2", "2 samples"])
-    assert_raises_typed(ConfigError, ip.materialize, plan, 0, PackingConfig(seq_len=5), fl.TokenSource.from_documents([[1]]),
+    assert_raises_typed(ConfigError, fl.materialize, plan, 0, PackingConfig(seq_len=5), fl.TokenSource.from_documents([[1]]),
                         clause="PACK-20", what="a plan for another seq_len", mentions=["seq_len=4", "seq_len=5"])
     assert_raises_typed(ConfigError, ip.pack_plan, [3, -1], config, clause="PACK-20", what="negative length",
                         mentions=["negative"])

@@ -687,7 +687,7 @@ def _killed_build_child(source: str, tokenizer_dir: str, out_dir: str) -> None:
         os._exit(17)  # no cleanup runs: like a SIGKILL or a power cut
 
     st._on_file_written = die
-    st.TokenStore.build(Path(source), tokenizer_dir, out_dir, num_proc=1, docs_per_file=5, progress=False)
+    TokenStore.build(Path(source), tokenizer_dir, out_dir, num_proc=1, docs_per_file=5, progress=False)
 
 
 def test_a_killed_builder_leaves_only_an_untrusted_temp_dir_that_the_next_build_removes(tmp_path, tok_dir, tok, docs):
@@ -713,8 +713,8 @@ def _concurrent_build_child(source: str, tokenizer_dir: str, out_dir: str, resul
     import impl.build as st
 
     st._on_file_written = lambda tmp_dir, record: time.sleep(0.2)  # widen the race window
-    store = st.TokenStore.build(Path(source), tokenizer_dir, out_dir, num_proc=1, docs_per_file=10,
-                                progress=False)
+    store = TokenStore.build(Path(source), tokenizer_dir, out_dir, num_proc=1, docs_per_file=10,
+                             progress=False)
     Path(result).write_text(json.dumps({"fingerprint": store.fingerprint, "build_id": store.meta["build_id"],
                                         "path": str(store.path), "n": len(store)}))
 

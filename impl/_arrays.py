@@ -20,7 +20,7 @@ import mmap
 
 import numpy as np
 
-__all__ = ["demand_zero", "distinct", "distinct_ints"]
+__all__ = ["demand_zero", "distinct", "distinct_ints", "exclusive_cumsum", "ranges"]
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -68,3 +68,25 @@ def demand_zero(nbytes: int) -> mmap.mmap:
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return buf
+
+
+def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    """``[0, v0, v0 + v1, ...]``: length ``len(values) + 1``, int64."""
+    out = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=out[1:])
+    return out
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` in three numpy calls (lengths >= 0).
+
+    >>> ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
+    [5, 6, 9, 10, 11]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    out = np.arange(total, dtype=np.int64)
+    if total:
+        out += np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths)
+    return out

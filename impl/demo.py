@@ -167,7 +167,7 @@ def train_on_rank(loader: Any, model: torch.nn.Module, *, rank: int, world: int,
             if phase == 1 and step + 1 == checkpoint_step:
                 dist.barrier()
                 if rank == 0:
-                    _save_checkpoint(ckpt, model, {"step": step + 1, "loader": loader.state_dict()})
+                    save_checkpoint(ckpt, model, {"step": step + 1, "loader": loader.state_dict()})
                 dist.barrier()
     dist.barrier()
     del ddp, optimizer, batches
@@ -180,7 +180,7 @@ def _chain(first: Any, rest: Any) -> Iterator[Any]:
     yield from rest
 
 
-def _save_checkpoint(ckpt: Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
+def save_checkpoint(ckpt: Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
     import safetensors.torch as st
 
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -211,7 +211,7 @@ def spawn_phase(rank_main: Callable[..., None], phase: int, world: int, workdir:
     return time.perf_counter() - t0
 
 
-def _read_logs(workdir: Path, phase: int, world: int) -> tuple[list[list[dict[str, Any]]], list[float]]:
+def read_logs(workdir: Path, phase: int, world: int) -> tuple[list[list[dict[str, Any]]], list[float]]:
     ranks, resume = [], []
     for r in range(world):
         lines = [json.loads(x) for x in (workdir / "logs" / f"phase{phase}-rank{r}.jsonl").read_text().splitlines()]
@@ -247,8 +247,8 @@ def run(workdir: Path, cfg: DemoConfig = DemoConfig()) -> dict[str, Any]:
           f"{cfg.global_batch // cfg.second_world} and finish the epoch")
     t2 = spawn_phase(_rank_main, 2, cfg.second_world, workdir, cfg, cfg.join_timeout_s)
 
-    first, _ = _read_logs(workdir, 1, cfg.first_world)
-    second, resume_ms = _read_logs(workdir, 2, cfg.second_world)
+    first, _ = read_logs(workdir, 1, cfg.first_world)
+    second, resume_ms = read_logs(workdir, 2, cfg.second_world)
     kept = [[x for x in rank if x["step"] < cfg.checkpoint_step] for rank in first]
     trained = [x for rank in kept + second for x in rank]
     resumed_at = json.loads((workdir / "checkpoint" / "meta.json").read_text())["loader"]["consumed"]

@@ -32,7 +32,7 @@ import torch
 
 from impl._atomic import atomic_write_json
 from impl.collation import collate
-from impl.demo import TinyLM, _read_logs, _save_checkpoint, check_world_sizes, spawn_phase, train_on_rank
+from impl.demo import TinyLM, check_world_sizes, read_logs, save_checkpoint, spawn_phase, train_on_rank
 from impl.partition import trained_end
 from impl.resume import audit_coverage
 from reference.partition import PartitionConfig
@@ -101,7 +101,7 @@ def _rank_main(rank: int, world: int, phase: int, workdir: str, config: dict[str
                   checkpoint_step=cfg.checkpoint_step, steps_after_checkpoint=cfg.steps_after_checkpoint,
                   describe=_describe)
     if phase == 2 and rank == 0:
-        _save_checkpoint(work / "final", model, {"step": -1})
+        save_checkpoint(work / "final", model, {"step": -1})
 
 
 def _describe(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -153,8 +153,8 @@ def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
     print(f"{LOG} phase 2: resume on {cfg.second_world} gloo ranks and finish the epoch")
     t2 = spawn_phase(_rank_main, 2, cfg.second_world, workdir, cfg, cfg.join_timeout_s)
 
-    kept = [x for rank in _read_logs(workdir, 1, cfg.first_world)[0] for x in rank if x["step"] < cfg.checkpoint_step]
-    trained = kept + [x for rank in _read_logs(workdir, 2, cfg.second_world)[0] for x in rank]
+    kept = [x for rank in read_logs(workdir, 1, cfg.first_world)[0] for x in rank if x["step"] < cfg.checkpoint_step]
+    trained = kept + [x for rank in read_logs(workdir, 2, cfg.second_world)[0] for x in rank]
     resumed_at = json.loads((workdir / "checkpoint" / "meta.json").read_text())["loader"]["consumed"]
     end = trained_end(resumed_at, total, PartitionConfig(world_size=cfg.second_world,
                                                          batch_size=cfg.global_batch // cfg.second_world))

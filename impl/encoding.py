@@ -70,7 +70,7 @@ class TokenizerInfo:
         return dataclasses.asdict(self)
 
 
-def _load_tokenizer(spec: Any) -> Any:
+def load_tokenizer(spec: Any) -> Any:
     """Turn a path or object into a transformers fast tokenizer (never touches the network)."""
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
@@ -111,7 +111,7 @@ def resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
     """Return the normalised tokenizer JSON (what workers rebuild from) and its identity."""
     from tokenizers import Tokenizer
 
-    tok = _load_tokenizer(spec)
+    tok = load_tokenizer(spec)
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "to_str"):
         raise TokenizerError(

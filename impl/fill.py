@@ -43,10 +43,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from impl._arrays import demand_zero, distinct_ints
+from impl._arrays import demand_zero, distinct_ints, exclusive_cumsum, ranges
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, require
-from impl.packing import PackPlan, _exclusive_cumsum, _ranges
+from impl.packing import PackPlan
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig
 
 __all__ = [
@@ -154,8 +154,8 @@ class TokenSource:
         for docs in files:
             lengths = np.fromiter((len(d) for d in docs), dtype=_I64, count=len(docs))
             values = np.fromiter(chain.from_iterable(docs), dtype=dtype, count=int(lengths.sum()))
-            parts.append((values, _exclusive_cumsum(lengths)))
-        starts = _exclusive_cumsum(np.array([len(docs) for docs in files], dtype=_I64))
+            parts.append((values, exclusive_cumsum(lengths)))
+        starts = exclusive_cumsum(np.array([len(docs) for docs in files], dtype=_I64))
         return cls(starts, parts.__getitem__)
 
     @classmethod
@@ -181,9 +181,9 @@ class TokenSource:
         """
         require(len(parts) >= 1, ConfigError, "concat needs at least one TokenSource")
         file_counts = np.array([part.num_files for part in parts], dtype=_I64)
-        doc_base = _exclusive_cumsum(np.array([part.num_documents for part in parts], dtype=_I64))
+        doc_base = exclusive_cumsum(np.array([part.num_documents for part in parts], dtype=_I64))
         owners = np.repeat(np.arange(len(parts), dtype=_I64), file_counts)
-        locals_ = np.arange(int(file_counts.sum()), dtype=_I64) - np.repeat(_exclusive_cumsum(file_counts)[:-1],
+        locals_ = np.arange(int(file_counts.sum()), dtype=_I64) - np.repeat(exclusive_cumsum(file_counts)[:-1],
                                                                             file_counts)
         owner, local = owners.tolist(), locals_.tolist()
         starts = np.concatenate([[0], *(part._starts[1:] + base for part, base in zip(parts, doc_base.tolist()))])
@@ -321,14 +321,14 @@ class TokenSource:
                 elif tail is not None:
                     tail[at - T:at - T + x1 - x0] = part[x0:x1]
             return
-        into = _ranges(dest, widths)
+        into = ranges(dest, widths)
         got = np.empty(len(into), dtype=_I64)
         for f, sel in groups:
             if sel is None:
-                got[:] = self.file(f)[0][_ranges(starts, widths)]
+                got[:] = self.file(f)[0][ranges(starts, widths)]
             else:
-                at = _ranges(_exclusive_cumsum(widths)[sel], widths[sel])
-                got[at] = self.file(f)[0][_ranges(starts[sel], widths[sel])]
+                at = ranges(exclusive_cumsum(widths)[sel], widths[sel])
+                got[at] = self.file(f)[0][ranges(starts[sel], widths[sel])]
         front = into < T
         if front.all():
             out[into] = got
@@ -497,9 +497,9 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     widths = b - a + bos
     require(bool(((widths >= 1) & (b <= m)).all()), ConfigError,
             "a plan piece holds no position or ends past its document; the plan is not for this config and store")
-    seg = _exclusive_cumsum(widths)                             # piece p: flat positions seg[p] .. seg[p + 1] - 1
+    seg = exclusive_cumsum(widths)                             # piece p: flat positions seg[p] .. seg[p + 1] - 1
     heads = seg[:-1]
-    row_ptr = _exclusive_cumsum(counts)
+    row_ptr = exclusive_cumsum(counts)
     totals = seg[row_ptr[1:]] - seg[row_ptr[:-1]]
     if int(totals.max()) > L:
         raise ConfigError(f"a plan sample holds {int(totals.max())} positions but seq_len={L}; "
@@ -548,7 +548,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     if int(lead.max()) == 0 and int(cut.max()) <= 1:     # stream modes: at most a piece's last position is masked
         labels[(heads + tail)[cut > 0]] = IGNORE
     else:
-        labels[_ranges(np.concatenate((heads, heads + tail)), np.concatenate((lead, cut)))] = IGNORE
+        labels[ranges(np.concatenate((heads, heads + tail)), np.concatenate((lead, cut)))] = IGNORE
     if inserts:
         at = heads[bos > 0]
         tokens[at] = cast(int, config.bos_id)

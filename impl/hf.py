@@ -94,9 +94,9 @@ def prepare_tokenizer(tokenizer: Any, eos_token: str | None = None) -> Any:
     it overrides the tokenizer's own EOS. A tokenizer given as a path is
     loaded from local files only.
     """
-    from impl.encoding import _load_tokenizer
+    from impl.encoding import load_tokenizer
 
-    tok = _load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer)
     if eos_token is not None:
         vocab = tok.get_vocab()
         own = tok.eos_token if getattr(tok, "eos_token_id", None) is not None else None

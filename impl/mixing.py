@@ -51,12 +51,11 @@ import torch
 from torch.utils.data import Dataset
 
 from impl import rng
-from impl._arrays import distinct_ints
+from impl._arrays import distinct_ints, exclusive_cumsum, ranges
 from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, is_integer, require
 from impl.fill import TokenSource, fill_batch
-from impl.packing import _exclusive_cumsum, _ranges
 from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
 from reference.mixing import (
     BATCHING_METHODS,
@@ -164,7 +163,7 @@ def _prior_counts(chosen: np.ndarray, taken: np.ndarray) -> tuple[np.ndarray, np
     k = len(taken)
     per = np.bincount(chosen, minlength=k)
     order = np.argsort(chosen.astype(np.uint16) if k <= 1 << 16 else chosen, kind="stable")
-    group = _exclusive_cumsum(per)[:-1]
+    group = exclusive_cumsum(per)[:-1]
     rank = np.empty(len(chosen), dtype=_I64)
     rank[order] = np.arange(len(chosen), dtype=_I64) - np.repeat(group, per)
     return rank + taken[chosen], per, order, group
@@ -663,7 +662,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def _token_source(self) -> TokenSource:
         if self._tokens is None:
             parts = [src.source for src in self.sources]
-            self._doc_base = _exclusive_cumsum(np.array([p.num_documents for p in parts], dtype=_I64))[:-1]
+            self._doc_base = exclusive_cumsum(np.array([p.num_documents for p in parts], dtype=_I64))[:-1]
             self._tokens = TokenSource.concat(parts)
         return self._tokens
 
@@ -689,10 +688,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             _, _, ids, starts, stops, s = found[0]
             docs, reported = ids + self._doc_base[s], ids + self.sources[s].first_document
         else:
-            ptr = _exclusive_cumsum(counts)
+            ptr = exclusive_cumsum(counts)
             docs, reported, starts, stops = (np.empty(int(ptr[-1]), dtype=_I64) for _ in range(4))
             for rows, c, ids, a, b, s in found:
-                at = _ranges(ptr[rows], c)
+                at = ranges(ptr[rows], c)
                 docs[at] = ids + self._doc_base[s]
                 reported[at], starts[at], stops[at] = ids + self.sources[s].first_document, a, b
         return _Pieces(counts, docs, reported, starts, stops, source, item)
@@ -723,7 +722,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 return None
             start = block * size
             whole = self._pieces(epoch, np.arange(start, min(start + size, self.num_samples(epoch)), dtype=_I64))
-            table = (whole, _exclusive_cumsum(whole.counts))
+            table = (whole, exclusive_cumsum(whole.counts))
             self._blocks[key] = table
             while len(self._blocks) > PIECE_BLOCKS_KEPT:
                 with contextlib.suppress(KeyError):
@@ -731,7 +730,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         whole, ptr = table
         rows = indices - block * size
         counts = whole.counts[rows]
-        at = _ranges(ptr[rows], counts)
+        at = ranges(ptr[rows], counts)
         return _Pieces(counts, whole.docs[at], whole.reported[at], whole.starts[at], whole.stops[at],
                        whole.source[rows], whole.item[rows])
 
@@ -762,10 +761,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             item = np.full(n, -1, dtype=_I64)
             for rows, got in found:
                 counts[rows], source[rows], item[rows] = got.counts, got.source, got.item
-            ptr = _exclusive_cumsum(counts)
+            ptr = exclusive_cumsum(counts)
             docs, reported, starts, stops = (np.empty(int(ptr[-1]), dtype=_I64) for _ in range(4))
             for rows, got in found:
-                at = _ranges(ptr[rows], got.counts)
+                at = ranges(ptr[rows], got.counts)
                 docs[at], reported[at], starts[at], stops[at] = got.docs, got.reported, got.starts, got.stops
             pieces = _Pieces(counts, docs, reported, starts, stops, source, item)
         out: dict[str, Any] = fill_batch(pieces.counts, pieces.docs, pieces.starts, pieces.stops, packing, tokens,

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from impl._arrays import ranges
 from impl.errors import ConfigError, LoadspecError, is_integer, require
 from impl.rng import FeistelPermutation, Stream, derive_key, subkey
 from reference.packing import STREAM_MODES, PackingConfig, Piece
@@ -122,28 +123,6 @@ def chunk_arrays(prepared: np.ndarray, config: PackingConfig) -> tuple[np.ndarra
         start = np.zeros(len(doc), dtype=_I64)
         stop = np.minimum(md, L)
     return doc, start.astype(_I64, copy=False), stop.astype(_I64, copy=False)
-
-
-def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
-    """``[0, v0, v0 + v1, ...]``: length ``len(values) + 1``, int64."""
-    out = np.zeros(len(values) + 1, dtype=_I64)
-    np.cumsum(values, out=out[1:])
-    return out
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` in three numpy calls (lengths >= 0).
-
-    >>> _ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
-    [5, 6, 9, 10, 11]
-    """
-    lengths = np.asarray(lengths, dtype=_I64)
-    ends = np.cumsum(lengths)
-    total = int(ends[-1]) if len(ends) else 0
-    out = np.arange(total, dtype=_I64)
-    if total:
-        out += np.repeat(np.asarray(starts, dtype=_I64) - (ends - lengths), lengths)
-    return out
 
 
 def _continuation_bos(start: np.ndarray, config: PackingConfig) -> np.ndarray:
@@ -400,7 +379,7 @@ class PackPlan:
                     raise PlanCorruptError("a cached stream plan's search left its range")
                 self._checked("cum", k_lo, k_hi + 1)
                 self._checked("kept", k_lo, k_hi)
-            kk = _ranges(k0, counts)
+            kk = ranges(k0, counts)
             begin = np.asarray(cum[kk], dtype=_I64)
             span = np.asarray(cum[kk + 1], dtype=_I64) - begin
             if self._verify is not None:
@@ -417,7 +396,7 @@ class PackPlan:
         counts = np.where(real, bounds[n:] - bounds[:n], 0)
         if self._verify is not None and ((counts < 0).any() or int(bounds.max()) > len(self.arrays["piece_pos"])):
             raise PlanCorruptError("a cached bin plan's sample pointers leave its pieces")
-        pi = _ranges(bounds[:n], counts)
+        pi = ranges(bounds[:n], counts)
         if self._verify is not None and len(pi):
             for name in ("piece_pos", "piece_start", "piece_stop"):
                 self._checked(name, int(pi.min()), int(pi.max()))

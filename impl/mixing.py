@@ -1,6 +1,6 @@
 """MixedDataset: several sources mixed at sample level, any sample of any epoch by random access.
 
-Conforms to MIX-1..MIX-9, MIX-11, MIX-13, MIX-14 (docs/SEMANTICS.md, "Mixing")
+Conforms to MIX-1..MIX-9, MIX-11, MIX-13..MIX-16, MIX-20, MIX-21 (docs/SEMANTICS.md, "Mixing")
 and, as the dataset behind ``impl.loader``, RES-1..RES-7: ``mix_plan(sizes,
 config, e)`` is ``reference.mixing.mix(sizes, config, e)`` as two int64 arrays,
 and ``MixedDataset.samples(e, i)`` is field for field

@@ -416,7 +416,9 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     empty source cut the epoch short, as ``MixedDataset``'s does) unless
     ``allow_empty_epoch=True`` (a conformance kit comparing tiny corpora with
     the reference wants the empty loader). Extra keyword arguments go to the
-    DataLoader (``timeout``, ``worker_init_fn``, ...).
+    DataLoader (``timeout``, ``worker_init_fn``, ...). A dataset's
+    ``check_partition(groups, batch_size)``, when it has one, may refuse the
+    topology (``MixedDataset`` with a batch-composing ``batching_method``, MIX-16).
 
     >>> loader = build_dataloader(dataset, batch_size=8, num_workers=2)   # doctest: +SKIP
     >>> batch = next(iter(loader)); batch["input_ids"].shape              # doctest: +SKIP
@@ -429,6 +431,9 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
             "pass num_workers >= 1 or leave them at None/False")
     sampler = ElasticSampler(dataset, batch_size=batch_size, rank=rank, world_size=world_size,
                              replication=replication, end=end)
+    check_partition = getattr(dataset, "check_partition", None)
+    if callable(check_partition):   # a mixture that composes batches (MIX-16) needs this step's size
+        check_partition(sampler.config.data_parallel_size, sampler.config.batch_size)
     if not allow_empty_epoch:
         epoch = sampler.position()[0]
         total, config = sampler.num_samples(epoch), sampler.config

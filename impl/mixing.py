@@ -1,6 +1,6 @@
 """MixedDataset: several sources mixed at sample level, any sample of any epoch by random access.
 
-Conforms to MIX-1..MIX-9, MIX-11, MIX-13, MIX-14 (docs/SEMANTICS.md, "Mixing")
+Conforms to MIX-1..MIX-9, MIX-11, MIX-13..MIX-16, MIX-20, MIX-21 (docs/SEMANTICS.md, "Mixing")
 and, as the dataset behind ``impl.loader``, RES-1..RES-7: ``mix_plan(sizes,
 config, e)`` is ``reference.mixing.mix(sizes, config, e)`` as two int64 arrays,
 and ``MixedDataset.samples(e, i)`` is field for field
@@ -54,7 +54,7 @@ from impl import rng
 from impl._arrays import distinct_ints, exclusive_cumsum, ranges
 from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.dataset import PackedDataset, SampleKey
-from impl.errors import ConfigError, is_integer, require
+from impl.errors import ConfigError, TopologyError, is_integer, require
 from impl.fill import TokenSource, fill_batch
 from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
 from reference.mixing import (
@@ -76,10 +76,10 @@ from reference.resume import (
     mixture_parts,
     part_hash,
 )
-from reference.rng import Stream
+from reference.rng import GOLDEN_GAMMA, MASK64, Stream
 
-__all__ = ["MixPlan", "MixedDataset", "SampleKey", "StreamConfig", "balance_remaining", "interleave_datasets", "mix_plan",
-           "stream_counts", "stream_plan"]
+__all__ = ["MixPlan", "MixedDataset", "SampleKey", "StreamConfig", "balance_remaining", "check_batching",
+           "interleave_datasets", "mix_plan", "stratified_counts", "stream_counts", "stream_plan"]
 
 _I64 = np.int64
 _BLOCK = 1 << 18
@@ -399,27 +399,127 @@ def stream_counts(source_sizes: Sequence[int], streams: Sequence[StreamConfig], 
     return counts
 
 
+def check_batching(batching_method: str, global_batch_size: int | None, device_batch_size: int | None) -> None:
+    """``reference.mixing.check_batching`` (MIX-16): each batching method with exactly the batch sizes it composes."""
+    require(batching_method in BATCHING_METHODS, ConfigError,
+            f"batching_method={batching_method!r} is not one of {BATCHING_METHODS}")
+    for name, value in (("global_batch_size", global_batch_size), ("device_batch_size", device_batch_size)):
+        require(value is None or (is_integer(value) and value >= 1), ConfigError,
+                f"{name}={value!r} must be an integer >= 1, or None")
+    if batching_method == "random":
+        require(global_batch_size is None and device_batch_size is None, ConfigError,
+                "batching_method='random' does not depend on the batch size; pass global_batch_size=None and "
+                "device_batch_size=None, or choose 'stratified', 'per_stream' or 'device_per_stream'")
+        return
+    require(global_batch_size is not None, ConfigError,
+            f"batching_method={batching_method!r} composes every global batch, so it needs global_batch_size= "
+            "(samples per step over all ranks: world_size // replication x batch_size); pass it with the streams")
+    assert global_batch_size is not None
+    if batching_method != "device_per_stream":
+        require(device_batch_size is None, ConfigError,
+                f"device_batch_size={device_batch_size} applies to batching_method='device_per_stream' only; "
+                "pass device_batch_size=None")
+        return
+    require(device_batch_size is not None, ConfigError,
+            "batching_method='device_per_stream' draws every device batch from one stream, so it needs "
+            "device_batch_size= (one rank's batch_size); pass it with global_batch_size")
+    assert device_batch_size is not None
+    require(global_batch_size % device_batch_size == 0, ConfigError,
+            f"device_batch_size={device_batch_size} must divide global_batch_size={global_batch_size} (a global "
+            "batch is world_size // replication device batches)")
+
+
+def stratified_counts(counts: Sequence[int], global_batch_size: int) -> list[int]:
+    """MIX-20: each stream's samples per global batch, floors plus largest remainders (ties: lower index).
+
+    >>> stratified_counts([50, 30, 20], 8)
+    [4, 2, 2]
+    """
+    total = sum(counts)
+    if total == 0:
+        return [0] * len(counts)
+    floors = [c * global_batch_size // total for c in counts]
+    remainders = [c * global_batch_size - f * total for c, f in zip(counts, floors)]   # numerators over total
+    for i in sorted(range(len(counts)), key=lambda i: (-remainders[i], i))[:global_batch_size - sum(floors)]:
+        floors[i] += 1
+    for i, (c, b) in enumerate(zip(counts, floors)):
+        if c == 0:
+            continue
+        require(b > 0, ConfigError,
+                f"stream {i} contributes {c} samples per epoch but its share {Fraction(c, total)} of a global batch "
+                f"of {global_batch_size} rounds to 0, so stratified batches would never train it; raise "
+                f"global_batch_size to at least {-(-total // c)}, or give stream {i} a larger share")
+    return floors
+
+
+def _subkeys(key: int, indices: np.ndarray) -> np.ndarray:
+    """``rng.subkey(key, i)`` for every i, as uint64 (RNG-6)."""
+    with np.errstate(over="ignore"):
+        salt = rng.mix64((indices.astype(np.uint64) + np.uint64(1)) * np.uint64(GOLDEN_GAMMA))
+    return rng.mix64(np.uint64(key & MASK64) ^ salt)
+
+
+def _stratified(counts: list[int], key: int, global_batch_size: int) -> MixPlan:
+    """MIX-20 as arrays: every batch's slots, permuted by the batch's own Feistel key, all batches at once."""
+    per_batch = stratified_counts(counts, global_batch_size)
+    steps = min((c // b for c, b in zip(counts, per_batch) if b > 0), default=0)
+    g = global_batch_size
+    owner = np.repeat(np.arange(len(counts), dtype=_I64), per_batch)
+    first = _exclusive_cumsum(np.asarray(per_batch, dtype=_I64))
+    t = np.repeat(np.arange(steps, dtype=_I64), g)
+    p = np.tile(np.arange(g, dtype=_I64), steps)
+    keys = np.repeat(_subkeys(rng.subkey(key, len(counts)), np.arange(steps, dtype=_I64)), g)
+    slot = rng.feistel(g, keys, p) if steps else p
+    source = owner[slot]
+    return MixPlan(source, t * np.asarray(per_batch, dtype=_I64)[source] + slot - first[source])
+
+
+def _blocks(counts: list[int], seed: int, epoch: int, block: int, per_step: int) -> MixPlan:
+    """MIX-21 as arrays: MIX-15's weighted mix over whole blocks, cut to whole steps, each block's items in order."""
+    blocks = [c // block for c in counts]
+    if not any(blocks):
+        return MixPlan(np.zeros(0, _I64), np.zeros(0, _I64))
+    plan = mix_plan(blocks, MixConfig(weights=tuple(float(b) for b in blocks), stopping="all_exhausted", seed=seed),
+                    epoch)
+    kept = len(plan.source) // per_step * per_step
+    source = np.repeat(plan.source[:kept], block)
+    item = (np.repeat(plan.item[:kept], block) * block + np.tile(np.arange(block, dtype=_I64), kept))
+    return MixPlan(source, item)
+
+
 def stream_plan(source_sizes: Sequence[int], streams: Sequence[StreamConfig], seed: int, epoch: int, *,
-                epoch_size: int | None = None, batching_method: str = "random") -> MixPlan:
-    """``reference.mixing.mix_streams`` as arrays (MIX-15, MIX-16): exact counts, whole passes, then a keyed subset.
+                epoch_size: int | None = None, batching_method: str = "random", global_batch_size: int | None = None,
+                device_batch_size: int | None = None) -> MixPlan:
+    """``reference.mixing.mix_streams`` as arrays (MIX-15, MIX-16, MIX-20, MIX-21).
+
+    Exact counts; each stream's virtual items in order, whole passes, then a
+    keyed subset; interleaved by ``batching_method``.
 
     >>> plan = stream_plan([3, 2], [StreamConfig(repeat=2.0), StreamConfig(choose=1)], 0, 0)
     >>> sorted(zip(plan.source.tolist(), plan.item.tolist()))
     [(0, 0), (0, 0), (0, 1), (0, 1), (0, 2), (0, 2), (1, 0)]
+    >>> plan = stream_plan([4, 2], [StreamConfig(), StreamConfig()], 0, 0, batching_method="per_stream",
+    ...                    global_batch_size=2)
+    >>> list(zip(plan.source.tolist(), plan.item.tolist()))
+    [(1, 0), (1, 1), (0, 0), (0, 1), (0, 2), (0, 3)]
     """
-    require(batching_method in BATCHING_METHODS, ConfigError,
-            f"batching_method={batching_method!r} is not one of {BATCHING_METHODS}")
-    if batching_method != "random":
-        raise NotImplementedError(
-            f"batching_method={batching_method!r} makes each global batch's composition depend on the global batch "
-            "size, which loadspec's elastic state leaves free (a resume may change it); use 'random' (exact "
-            "per-stream counts per epoch), or fix the batch size in the config once loadspec defines it (MIX-16)")
+    check_batching(batching_method, global_batch_size, device_batch_size)
     sizes = [int(n) for n in source_sizes]
     counts = stream_counts(sizes, streams, epoch_size)
     if not any(counts):
         return MixPlan(np.zeros(0, _I64), np.zeros(0, _I64))
-    plan = mix_plan(counts, MixConfig(weights=tuple(float(c) for c in counts), stopping="all_exhausted", seed=seed),
-                    epoch)
+    if batching_method == "stratified":
+        assert global_batch_size is not None
+        plan = _stratified(counts, rng.derive_key(seed, int(epoch), Stream.MIX), global_batch_size)
+    elif batching_method == "per_stream":
+        assert global_batch_size is not None
+        plan = _blocks(counts, seed, epoch, global_batch_size, 1)
+    elif batching_method == "device_per_stream":
+        assert global_batch_size is not None and device_batch_size is not None
+        plan = _blocks(counts, seed, epoch, device_batch_size, global_batch_size // device_batch_size)
+    else:
+        plan = mix_plan(counts, MixConfig(weights=tuple(float(c) for c in counts), stopping="all_exhausted",
+                                          seed=seed), epoch)
     key = rng.derive_key(seed, int(epoch), Stream.MIX)
     item = plan.item.copy()
     for s, (n, c) in enumerate(zip(sizes, counts)):
@@ -477,7 +577,8 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def __init__(self, sources: Sequence[Any], *, weights: Sequence[float] | None = None,
                  stopping: str = "first_exhausted", seed: int = 0, weight_fn: WeightFn | None = None,
                  end: str = "drop_last", epoch: int = 0, streams: Sequence[StreamConfig] | None = None,
-                 epoch_size: int | None = None, batching_method: str = "random", allow_repeat: bool = False) -> None:
+                 epoch_size: int | None = None, batching_method: str = "random", global_batch_size: int | None = None,
+                 device_batch_size: int | None = None, allow_repeat: bool = False) -> None:
         require(isinstance(sources, (list, tuple)) and len(sources) >= 1, ConfigError,
                 f"sources={sources!r} must be a non-empty list of datasets")
         require(stopping in STOPPING_STRATEGIES, ConfigError,
@@ -494,10 +595,18 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self.streams = None if streams is None else tuple(streams)
         self.epoch_size = epoch_size
         self.batching_method = batching_method
+        self.global_batch_size = global_batch_size
+        self.device_batch_size = device_batch_size
         require(streams is None or (weights is None and weight_fn is None), ConfigError,
                 "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
-        require(streams is not None or (epoch_size is None and batching_method == "random"), ConfigError,
-                "epoch_size and batching_method apply to streams; pass streams=[StreamConfig(...), ...] with them")
+        require(streams is not None or (epoch_size is None and batching_method == "random" and global_batch_size is None
+                                        and device_batch_size is None), ConfigError,
+                "epoch_size, batching_method and the batch sizes apply to streams; pass "
+                "streams=[StreamConfig(...), ...] with them")
+        if streams is not None:
+            check_batching(batching_method, global_batch_size, device_batch_size)
+        sizes = {k: v for k, v in (("global_batch_size", global_batch_size), ("device_batch_size", device_batch_size))
+                 if v is not None}
         if weight_fn is None:
             _check_weights_train_every_source(self.mix_config)
         self.end = end
@@ -511,7 +620,8 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if all(c is not None and hasattr(c, "packing") for c in configs):
             self.config: MixtureConfig | None = MixtureConfig(
                 sources=tuple(configs), mixing=self.mix_config, end=end, weight_fn=weight_fn,  # type: ignore[arg-type]
-                streams=self.streams, epoch_size=epoch_size, batching_method=batching_method, allow_repeat=allow_repeat)
+                streams=self.streams, epoch_size=epoch_size, batching_method=batching_method,
+                global_batch_size=global_batch_size, device_batch_size=device_batch_size, allow_repeat=allow_repeat)
             data = _data_fingerprints(self.sources)
             self.fingerprint = mixture_fingerprint(data, self.config)
             #: The fingerprint's components (RES-8): a refused state names the ones that differ.
@@ -525,13 +635,14 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                                                    "end": end, "weight_fn": _name(weight_fn),
                                                    "streams": None if streams is None else
                                                    [dataclasses.asdict(x) for x in streams],
-                                                   "epoch_size": epoch_size, "batching_method": batching_method}}
+                                                   "epoch_size": epoch_size, "batching_method": batching_method,
+                                                   **sizes}}
             self.fingerprint = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
             self.fingerprint_parts = {f"source_{i}_data": part_hash(p) for i, p in enumerate(prints)}
             self.fingerprint_parts.update(mixture_level_parts(
                 {"weights": self.mix_config.weights, "stopping": stopping, "seed": seed}, end, _name(weight_fn),
                 None if streams is None else {"streams": [dataclasses.asdict(x) for x in streams],
-                                              "epoch_size": epoch_size, "batching_method": batching_method}))
+                                              "epoch_size": epoch_size, "batching_method": batching_method, **sizes}))
             self._pad = None
         self._plans: collections.OrderedDict[int, MixPlan] = collections.OrderedDict()
         self._shape = self._check_shapes()
@@ -598,7 +709,8 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if plan is None:
             if self.streams is not None:
                 plan = stream_plan(self.source_sizes(epoch), self.streams, self.mix_config.seed, epoch,
-                                   epoch_size=self.epoch_size, batching_method=self.batching_method)
+                                   epoch_size=self.epoch_size, batching_method=self.batching_method,
+                                   global_batch_size=self.global_batch_size, device_batch_size=self.device_batch_size)
             else:
                 plan = mix_plan(self.source_sizes(epoch), self.mix_config, epoch, weight_fn=self.weight_fn)
             self._plans[epoch] = plan
@@ -610,6 +722,31 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     def num_samples(self, epoch: int) -> int:
         return len(self.plan(epoch).source)
+
+    def check_partition(self, groups: int, batch_size: int) -> None:
+        """Refuse a loader whose step is not the batch the batching method composed (MIX-16; TopologyError).
+
+        ``groups`` is ``world_size // replication``, ``batch_size`` a rank's;
+        ``impl.loader.build_dataloader`` asks. Another world size with the same
+        global (and device) batch size resumes exactly.
+        """
+        g, b = self.global_batch_size, self.device_batch_size
+        if self.batching_method == "random" or g is None:
+            return
+        step = groups * batch_size
+        hint = f"pass batch_size={g // groups} on these {groups} data-parallel groups, or " if g % groups == 0 else ""
+        require(step == g, TopologyError,
+                f"this topology's global batch is world_size // replication x batch_size = {groups} x {batch_size} = "
+                f"{step}, but the mixture composes global batches of global_batch_size={g} "
+                f"(batching_method={self.batching_method!r}); {hint}build the mixture with global_batch_size={step} "
+                "(another fingerprint: its checkpoints do not load here)")
+        if b is None:
+            return
+        require(batch_size == b, TopologyError,
+                f"batch_size={batch_size} but the mixture composes device batches of device_batch_size={b} "
+                f"(batching_method={self.batching_method!r}); pass batch_size={b} on {g // b} data-parallel groups "
+                f"(world_size // replication), or build the mixture with device_batch_size={batch_size} "
+                "(another fingerprint)")
 
     def explain_short_epoch(self, epoch: int) -> str | None:
         """Why epoch ``epoch`` is too short for a step, when an empty source cut it short (MIX-6, MIX-9); else None.

@@ -40,6 +40,8 @@ from reference.mixing import (
     SourceRows,
     StreamConfig,
     WeightFn,
+    check_batch_topology,
+    check_batching,
     check_distinct_sources,
     check_mixture_weights,
     mix,
@@ -212,7 +214,8 @@ class MixtureConfig:
     (MIX-4) enters the fingerprint by its qualified name (MIX-14).
     ``streams`` (one ``StreamConfig`` per source) with ``epoch_size`` and
     ``batching_method`` select MosaicML-style per-epoch counts instead
-    (MIX-15, MIX-16); the weights then come from the counts, and
+    (MIX-15, MIX-16; ``global_batch_size`` and ``device_batch_size`` for
+    the methods that compose batches, MIX-20, MIX-21); the weights then come from the counts, and
     ``mixing.seed`` keys the draws. A static weight of 0 is refused (MIX-18);
     ``allow_repeat=True`` lets sources read the same documents (MIX-17,
     checked by ``MixtureReferenceLoader``, which knows the data) and stays
@@ -232,6 +235,8 @@ class MixtureConfig:
     streams: tuple[StreamConfig, ...] | None = None
     epoch_size: int | None = None
     batching_method: str = "random"
+    global_batch_size: int | None = None
+    device_batch_size: int | None = None
     allow_repeat: bool = False
 
     def __post_init__(self) -> None:
@@ -245,9 +250,12 @@ class MixtureConfig:
                     "streams must be StreamConfig objects, one per source")
             require(self.mixing.weights is None and self.weight_fn is None, ConfigError,
                     "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
+            check_batching(self.batching_method, self.global_batch_size, self.device_batch_size)
         else:
-            require(self.epoch_size is None and self.batching_method == "random", ConfigError,
-                    "epoch_size and batching_method apply to streams; pass streams=(StreamConfig(...), ...) with them")
+            require(self.epoch_size is None and self.batching_method == "random" and self.global_batch_size is None
+                    and self.device_batch_size is None, ConfigError,
+                    "epoch_size, batching_method and the batch sizes apply to streams; pass "
+                    "streams=(StreamConfig(...), ...) with them")
         require(isinstance(self.sources, (tuple, list)) and len(self.sources) >= 1, ConfigError,
                 f"sources={self.sources!r} must be a non-empty tuple of PipelineConfig, one per source")
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -282,6 +290,8 @@ class MixtureConfig:
         if self.streams is not None:
             out.update(streams=[asdict(s) for s in self.streams], epoch_size=self.epoch_size,
                        batching_method=self.batching_method)
+            out.update({k: v for k, v in (("global_batch_size", self.global_batch_size),
+                                          ("device_batch_size", self.device_batch_size)) if v is not None})
         return out
 
 
@@ -341,6 +351,10 @@ def mixture_level_parts(mixing: Mapping[str, Any], end: str, weight_fn: str | No
             "weight_fn": part_hash(weight_fn), "streams": part_hash(streams)}
 
 
+STREAM_KEYS = ("streams", "epoch_size", "batching_method", "global_batch_size", "device_batch_size")
+"""What the ``streams`` part of a mixture's fingerprint covers (RES-8); the batch sizes only when set (MIX-16)."""
+
+
 def mixture_parts(data_fingerprints: Sequence[str], config: MixtureConfig) -> dict[str, str]:
     """The components of ``mixture_fingerprint``: each source's pipeline parts, then the mixture's (RES-8).
 
@@ -355,7 +369,7 @@ def mixture_parts(data_fingerprints: Sequence[str], config: MixtureConfig) -> di
     for i, (data, source) in enumerate(zip(data_fingerprints, config.sources)):
         out.update({f"source_{i}_{k}": v for k, v in pipeline_parts(data, source).items()})
     mixture = config.to_json()
-    streams = None if config.streams is None else {k: mixture[k] for k in ("streams", "epoch_size", "batching_method")}
+    streams = None if config.streams is None else {k: mixture[k] for k in STREAM_KEYS if k in mixture}
     out.update(mixture_level_parts(mixture["mixing"], config.end, mixture["weight_fn"], streams))
     return out
 
@@ -371,7 +385,7 @@ _PART_WHAT = {
     "stopping": ("stopping strategy differs", "stopping="),
     "mix_end": ("end policy differs", "the mixture's end="),
     "weight_fn": ("weight_fn differs", "another function, by qualified name"),
-    "streams": ("streams differ", "streams=, epoch_size= or batching_method="),
+    "streams": ("streams differ", "streams=, epoch_size=, batching_method=, global_batch_size= or device_batch_size="),
 }
 
 
@@ -425,7 +439,8 @@ def mixture_items(source_sizes: Sequence[int], config: MixtureConfig, epoch: int
     """Epoch ``epoch``'s mixed stream of ``(source, sample index within the source's epoch)`` (MIX-13, MIX-15)."""
     if config.streams is not None:
         return mix_streams(source_sizes, config.streams, config.mixing.seed, epoch, epoch_size=config.epoch_size,
-                           batching_method=config.batching_method)
+                           batching_method=config.batching_method, global_batch_size=config.global_batch_size,
+                           device_batch_size=config.device_batch_size)
     return mix(source_sizes, config.mixing, epoch, weight_fn=config.weight_fn)
 
 
@@ -572,6 +587,8 @@ class MixtureReferenceLoader(ReferenceLoader):
         self.config = config.sources[0]
         self.topology = topology
         self.partition = topology.partition(config.end)
+        check_batch_topology(config.batching_method, config.global_batch_size, config.device_batch_size,
+                             self.partition.data_parallel_size, self.partition.batch_size)
         prints = data_fingerprints or [corpus_fingerprint(c) for c in sources]
         self.fingerprint = mixture_fingerprint(prints, config)
         check_distinct_sources(source_rows(prints, sources, config), allow_repeat=config.allow_repeat)

@@ -18,7 +18,7 @@ from conformance import strategies as ls
 from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from impl.dataset import PackedDataset, SampleKey
-from impl.errors import ConfigError, EmptyDataError, StateError
+from impl.errors import ConfigError, EmptyDataError, StateError, TopologyError
 from impl.loader import build_dataloader
 from impl.mixing import MixedDataset, balance_remaining, interleave_datasets, mix_plan, stream_plan
 from impl.packing import PackPlan
@@ -369,9 +369,9 @@ def test_bad_streams_are_refused_with_the_fix(two_corpora):
                         streams=[StreamConfig(), StreamConfig()], clause="MIX-15", what="weights with streams",
                         mentions=["weights=None"])
     for method in ("stratified", "per_stream", "device_per_stream"):
-        mixed = MixedDataset([web, code], streams=[StreamConfig(), StreamConfig()], batching_method=method)
-        with pytest.raises(NotImplementedError, match="global batch size"):
-            mixed.num_samples(0)
+        assert_raises_typed(ConfigError, MixedDataset, [web, code], streams=[StreamConfig(), StreamConfig()],
+                            batching_method=method, clause="MIX-16", what=f"{method} without a batch size",
+                            mentions=["global_batch_size="])
 
 
 # ---------------------------------------------------------------- what a mixture refuses (MIX-17, MIX-18), shares (MIX-19)
@@ -557,3 +557,85 @@ def test_an_empty_source_under_first_exhausted_is_named_in_the_error_not_blamed_
     for fixed in (MixedDataset([web], weights=(1.0,)), MixedDataset([web, _EmptySource()], stopping="all_exhausted"),
                   MixedDataset([web, _EmptySource()], weight_fn=lambda step, sizes, taken, exhausted: [1.0, 0.0])):
         check(len(build_dataloader(fixed, batch_size=2)) > 0, clause="MIX-9", what="a fix the message offers")
+
+
+# ---------------------------------------------------------------- batching methods (MIX-16, MIX-20, MIX-21)
+
+BATCHING = ("stratified", "per_stream", "device_per_stream")
+
+
+@st.composite
+def batching_options(draw):
+    sizes, streams, epoch_size, seed, epoch = draw(stream_options())
+    device = draw(st.integers(1, 4))
+    return sizes, streams, epoch_size, seed, epoch, draw(st.sampled_from(BATCHING)), device * draw(st.integers(1, 3)), \
+        device
+
+
+@pytest.mark.clause("MIX-20", "MIX-21")
+@given(options=batching_options())
+def test_stream_plan_equals_the_reference_under_every_batching_method(options):
+    sizes, streams, epoch_size, seed, epoch, method, glob, device = options
+    kw = dict(epoch_size=epoch_size, batching_method=method, global_batch_size=glob,
+              device_batch_size=device if method == "device_per_stream" else None)
+    expected, expected_error = _reference_or_error(ref_mixing.mix_streams, sizes, streams, seed, epoch, **kw)
+    plan, error = _reference_or_error(stream_plan, sizes, streams, seed, epoch, **kw)
+    assert_equal(error, expected_error, clause="MIX-20", what="error type", repro={"options": options})
+    if plan is not None:
+        assert_equal(list(zip(plan.source.tolist(), plan.item.tolist())), expected, clause=method,
+                     what="composed epoch", repro={"options": options})
+
+
+@pytest.mark.clause("MIX-16", "MIX-21")
+def test_per_stream_global_batches_hold_one_stream_and_resume_exactly_on_another_world_size(two_corpora):
+    def mixed(**kw):
+        return MixedDataset(two_corpora, streams=[StreamConfig(), StreamConfig()], seed=3,
+                            batching_method="per_stream", **{"global_batch_size": 4, **kw})
+
+    whole, _ = _run(mixed(), world=2, batch_size=2)
+    check(len(whole) >= 40 and len(whole) % 4 == 0, clause="MIX-21", what=f"an epoch of {len(whole)} samples")
+    steps = [whole[t:t + 4] for t in range(0, len(whole), 4)]
+    check(all(len({s for _, s, _ in step}) == 1 for step in steps), clause="MIX-21",
+          what="every global batch of 2 ranks x 2 holds one stream")
+    check({step[0][1] for step in steps} == {0, 1}, clause="MIX-21", what="both streams have batches")
+    assert_equal([i for i, _, _ in whole], list(range(len(whole))), clause="MIX-16", what="the steps follow PART-2")
+    before, state = _run(mixed(), world=2, batch_size=2, steps=3)
+    after, _ = _run(mixed(), world=4, batch_size=1, state=state)
+    assert_equal(before + after, whole, clause="MIX-16", what="2 ranks x 2 then 4 ranks x 1: the uninterrupted epoch")
+    assert_raises_typed(TopologyError, build_dataloader, mixed(), batch_size=4, world_size=2, rank=0,
+                        clause="MIX-16", what="8 per step for a mixture of 4",
+                        mentions=["= 8", "global_batch_size=4", "batch_size=2 on these 2"])
+    assert_raises_typed(StateError, build_dataloader(mixed(global_batch_size=8), batch_size=4, world_size=2,
+                                                     rank=0).load_state_dict, state, clause="MIX-16",
+                        what="a state of global_batch_size=4 in a mixture of 8", mentions=["streams differ"])
+
+
+@pytest.mark.clause("MIX-16", "MIX-21")
+def test_device_per_stream_gives_each_rank_one_stream_and_refuses_another_device_batch(two_corpora):
+    mixed = MixedDataset(two_corpora, streams=[StreamConfig(), StreamConfig()], seed=5,
+                         batching_method="device_per_stream", global_batch_size=4, device_batch_size=2)
+    loaders = [build_dataloader(mixed, batch_size=2, rank=r, world_size=2) for r in range(2)]
+    mixes = 0
+    for batches in zip(*loaders):
+        per_rank = [set(b["source"].tolist()) for b in batches]
+        check(all(len(s) == 1 for s in per_rank), clause="MIX-21", what=f"a rank's batch mixes streams: {per_rank}")
+        mixes += per_rank[0] != per_rank[1]
+    check(mixes > 0, clause="MIX-21", what="some step gives the two ranks different streams")
+    assert_raises_typed(TopologyError, build_dataloader, mixed, batch_size=1, world_size=4, rank=0, clause="MIX-16",
+                        what="device batch 1 of a mixture of device batches of 2",
+                        mentions=["batch_size=1", "device_batch_size=2"])
+    replicated = build_dataloader(mixed, batch_size=2, world_size=4, rank=3, replication=2)
+    check(all(len(set(b["source"].tolist())) == 1 for b in replicated), clause="MIX-16",
+          what="4 ranks in 2 replicated groups of batch 2 keep the composed device batches")
+
+
+@pytest.mark.clause("MIX-20")
+def test_stratified_mixed_dataset_gives_every_global_batch_its_stream_counts(two_corpora):
+    mixed = MixedDataset(two_corpora, streams=[StreamConfig(proportion=0.75), StreamConfig(proportion=0.25)], seed=2,
+                         batching_method="stratified", global_batch_size=4, epoch_size=40)
+    whole, _ = _run(mixed, world=2, batch_size=2)
+    assert_equal(len(whole), 40, clause="MIX-20", what="10 whole batches of 3 + 1")
+    for t in range(0, 40, 4):
+        assert_equal(sorted(s for _, s, _ in whole[t:t + 4]), [0, 0, 0, 1], clause="MIX-20",
+                     what=f"global batch {t // 4}")
+

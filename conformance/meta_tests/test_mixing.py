@@ -1,4 +1,4 @@
-"""Meta tests: reference.mixing obeys MIX-1..MIX-12 and MIX-15..MIX-19.
+"""Meta tests: reference.mixing obeys MIX-1..MIX-12 and MIX-15..MIX-21.
 
 The oracles here are written independently of the reference: round robin
 as closed forms and sorted index tuples, weighted streams as a plain
@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 from hypothesis import assume, given
@@ -21,13 +22,14 @@ from hypothesis import strategies as st
 
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference import rng
-from reference.errors import ConfigError, StateError
+from reference.errors import ConfigError, StateError, TopologyError
 from reference.mixing import (
     STOPPING_STRATEGIES,
     MixConfig,
     MixState,
     StreamConfig,
     balance_remaining,
+    check_batch_topology,
     check_distinct_sources,
     choose_weighted,
     initial_state,
@@ -35,6 +37,7 @@ from reference.mixing import (
     mix_streams,
     next_item,
     repeated_rows,
+    stratified_counts,
     stream_counts,
 )
 from reference.packing import PackingConfig
@@ -42,6 +45,7 @@ from reference.resume import (
     MixtureConfig,
     MixtureReferenceLoader,
     PipelineConfig,
+    Topology,
     corpus_fingerprint,
     mixture_fingerprint,
 )
@@ -555,15 +559,6 @@ def test_stream_counts_follow_the_documented_examples_and_refuse_bad_streams():
     check(sorted(a) == sorted(x for x in a) and len(a) == len(b) == 7, clause="MIX-15", what="epoch of 7 items")
 
 
-@pytest.mark.clause("MIX-16")
-@pytest.mark.parametrize("method", ["stratified", "per_stream", "device_per_stream"])
-def test_batch_size_dependent_batching_methods_are_refused_with_the_reason(method):
-    with pytest.raises(NotImplementedError, match="global batch size"):
-        mix_streams([3, 2], [StreamConfig(), StreamConfig()], seed=0, epoch=0, batching_method=method)
-    assert_raises_typed(ConfigError, mix_streams, [3, 2], [StreamConfig(), StreamConfig()], 0, 0,
-                        batching_method="balanced", clause="MIX-16", what="unknown method", mentions=["'balanced'"])
-
-
 # ---------------------------------------------------------------- what a mixture refuses (MIX-17, MIX-18), shares (MIX-19)
 
 
@@ -657,3 +652,147 @@ def test_a_weight_is_the_epoch_share_under_first_exhausted_but_the_size_share_un
     assert_equal(every[:ran_out], first[:ran_out], clause="MIX-19",
                  what="all_exhausted draws as first_exhausted until source 1 runs out")
     check(all(s == 0 for s, _ in every[ran_out:]), clause="MIX-19", what="after source 1 ran out, source 0 alone")
+
+
+# ---------------------------------------------------------------- batching methods (MIX-16, MIX-20, MIX-21)
+#
+# Oracle: the random method's per-stream subsequences. Under every method stream i's items are its virtual
+# items j = 0, 1, ... (MIX-15), so the random epoch lists them in order, and a composed epoch must use a prefix.
+
+
+def _per_stream(items, k):
+    return [[x for s, x in items if s == i] for i in range(k)]
+
+
+def _largest_remainder(counts, g):
+    total = sum(counts)
+    exact = [Fraction(c * g, total) for c in counts]
+    base = [int(q) for q in exact]
+    extra = sorted(range(len(counts)), key=lambda i: (base[i] - exact[i], i))[:g - sum(base)]
+    return [b + (i in extra) for i, b in enumerate(base)]
+
+
+@st.composite
+def batching_setups(draw):
+    sizes, streams, epoch_size = draw(stream_setups())
+    block = draw(st.integers(1, 4))
+    return sizes, streams, epoch_size, block, block * draw(st.integers(1, 3))
+
+
+def _composed(setup, seed, epoch, method):
+    sizes, streams, epoch_size, device, glob = setup
+    try:
+        counts = stream_counts(sizes, streams, epoch_size)
+        items = mix_streams(sizes, streams, seed, epoch, epoch_size=epoch_size, batching_method=method,
+                            global_batch_size=glob, device_batch_size=device if method == "device_per_stream" else None)
+    except ConfigError:
+        assume(False)
+    random = mix_streams(sizes, streams, seed, epoch, epoch_size=epoch_size)
+    return counts, items, _per_stream(random, len(sizes))
+
+
+@pytest.mark.clause("MIX-20")
+@given(setup=batching_setups(), seed=seed_st, epoch=epoch_st)
+def test_stratified_batches_hold_each_streams_largest_remainder_count_of_its_next_items(setup, seed, epoch):
+    counts, items, random = _composed(setup, seed, epoch, "stratified")
+    g, k = setup[4], len(counts)
+    if not sum(counts):
+        return assert_equal(items, [], clause="MIX-20", what="empty epoch")
+    b = _largest_remainder(counts, g)
+    steps = min(c // x for c, x in zip(counts, b) if x)
+    assert_equal(len(items), steps * g, clause="MIX-20", what="whole batches while every stream can fill its part",
+                 repro={"setup": setup, "seed": seed})
+    for t in range(steps):
+        batch = items[t * g:(t + 1) * g]
+        for i in range(k):
+            assert_equal(sorted(x for s, x in batch if s == i), sorted(random[i][t * b[i]:(t + 1) * b[i]]),
+                         clause="MIX-20", what=f"batch {t}: stream {i}'s items {t * b[i]}..{(t + 1) * b[i] - 1}",
+                         repro={"setup": setup, "seed": seed, "epoch": epoch})
+
+
+@pytest.mark.clause("MIX-21")
+@pytest.mark.parametrize("method", ["per_stream", "device_per_stream"])
+@given(setup=batching_setups(), seed=seed_st, epoch=epoch_st)
+def test_per_stream_blocks_hold_one_stream_and_each_stream_trains_a_prefix_of_its_items(method, setup, seed, epoch):
+    counts, items, random = _composed(setup, seed, epoch, method)
+    device, g = setup[3], setup[4]
+    block = g if method == "per_stream" else device
+    blocks = sum(c // block for c in counts)
+    assert_equal(len(items), blocks // (g // block) * g, clause="MIX-21", what="whole steps of whole blocks",
+                 repro={"setup": setup, "seed": seed})
+    for start in range(0, len(items), block):
+        check(len({s for s, _ in items[start:start + block]}) == 1, clause="MIX-21",
+              what=f"the block at {start} mixes streams: {items[start:start + block]}", repro={"setup": setup})
+    for i, mine in enumerate(_per_stream(items, len(counts))):
+        assert_equal(mine, random[i][:len(mine)], clause="MIX-21", what=f"stream {i} trains its items in order",
+                     repro={"setup": setup, "seed": seed, "epoch": epoch})
+        check(len(mine) % block == 0 and (method == "device_per_stream" or counts[i] - len(mine) < block),
+              clause="MIX-21", what=f"stream {i} trains {len(mine)} of its {counts[i]} items", repro={"setup": setup})
+
+
+@pytest.mark.clause("MIX-20", "MIX-21")
+@pytest.mark.parametrize("method", ["stratified", "per_stream", "device_per_stream"])
+def test_a_composed_epoch_changes_with_the_seed_and_the_epoch(method):
+    streams = [StreamConfig(), StreamConfig()]
+    kw = dict(batching_method=method, global_batch_size=4, device_batch_size=2 if method == "device_per_stream" else None)
+    by_seed = {tuple(mix_streams([40, 40], streams, seed, 0, **kw)) for seed in range(4)}
+    by_epoch = {tuple(mix_streams([40, 40], streams, 0, epoch, **kw)) for epoch in range(4)}
+    check(len(by_seed) == 4 and len(by_epoch) == 4, clause=method, what=f"{len(by_seed)} orders over 4 seeds, "
+          f"{len(by_epoch)} over 4 epochs")
+
+
+@pytest.mark.clause("MIX-20", "MIX-21")
+def test_batching_methods_follow_the_documented_examples():
+    two = [StreamConfig(), StreamConfig()]
+    assert_equal(stratified_counts([50, 30, 20], 8), [4, 2, 2], clause="MIX-20", what="largest remainder")
+    assert_raises_typed(ConfigError, stratified_counts, [1, 99], 8, clause="MIX-20", what="a stream with no place",
+                        mentions=["stream 0", "at least 100"])
+    strat = mix_streams([6, 4], two, 0, 0, batching_method="stratified", global_batch_size=4)
+    assert_equal(strat, [(1, 0), (0, 1), (1, 1), (0, 0), (1, 2), (1, 3), (0, 3), (0, 2)], clause="MIX-20",
+                 what="stratified example")
+    per = mix_streams([4, 3], two, 0, 0, batching_method="per_stream", global_batch_size=2)
+    assert_equal(per, [(1, 0), (1, 1), (0, 0), (0, 1), (0, 2), (0, 3)], clause="MIX-21", what="per_stream example")
+    dev = mix_streams([4, 4], two, 0, 0, batching_method="device_per_stream", global_batch_size=4, device_batch_size=2)
+    assert_equal(dev, [(1, 0), (1, 1), (1, 2), (1, 3), (0, 0), (0, 1), (0, 2), (0, 3)], clause="MIX-21",
+                 what="device_per_stream example")
+
+
+@pytest.mark.clause("MIX-16")
+def test_a_batching_method_takes_exactly_the_batch_sizes_it_composes():
+    two = [StreamConfig(), StreamConfig()]
+    bad = [({"batching_method": "balanced"}, "'balanced'"),
+           ({"batching_method": "per_stream"}, "needs global_batch_size="),
+           ({"batching_method": "random", "global_batch_size": 4}, "global_batch_size=None"),
+           ({"batching_method": "stratified", "global_batch_size": 4, "device_batch_size": 2}, "device_batch_size=None"),
+           ({"batching_method": "device_per_stream", "global_batch_size": 4}, "needs device_batch_size="),
+           ({"batching_method": "device_per_stream", "global_batch_size": 6, "device_batch_size": 4}, "must divide"),
+           ({"batching_method": "per_stream", "global_batch_size": 0}, "global_batch_size=0")]
+    for kwargs, mention in bad:
+        assert_raises_typed(ConfigError, mix_streams, [3, 2], two, 0, 0, clause="MIX-16", what=str(kwargs),
+                            mentions=[mention], **kwargs)
+    p = PipelineConfig(packing=PackingConfig(seq_len=2))
+    assert_raises_typed(ConfigError, MixtureConfig, sources=(p, p), batching_method="per_stream", clause="MIX-16",
+                        what="a batching method without streams", mentions=["apply to streams"])
+    plain = MixtureConfig(sources=(p, p), streams=tuple(two))
+    eight = MixtureConfig(sources=(p, p), streams=tuple(two), batching_method="per_stream", global_batch_size=8)
+    four = dataclasses.replace(eight, global_batch_size=4)
+    prints = {mixture_fingerprint(["a", "b"], c) for c in (plain, eight, four)}
+    check(len(prints) == 3, clause="MIX-16", what="the global batch size is part of the fingerprint")
+    assert_equal("global_batch_size" in plain.to_json(), False, clause="MIX-16",
+                 what="a random mixture's JSON (and fingerprint) is unchanged by the new fields")
+
+
+@pytest.mark.clause("MIX-16")
+def test_a_reference_loader_on_another_global_batch_size_is_refused_naming_both_sizes():
+    p = PipelineConfig(packing=PackingConfig(seq_len=2))
+    corpus = [[[1, 2, 3], [4, 5]]]
+    config = MixtureConfig(sources=(p, p), streams=(StreamConfig(), StreamConfig()), batching_method="per_stream",
+                           global_batch_size=4, allow_repeat=True)
+    MixtureReferenceLoader([corpus, corpus], config, Topology(world_size=2, rank=1, batch_size=2))
+    MixtureReferenceLoader([corpus, corpus], config, Topology(world_size=4, rank=3, batch_size=2, replication=2))
+    assert_raises_typed(TopologyError, MixtureReferenceLoader, [corpus, corpus], config,
+                        Topology(world_size=4, rank=0, batch_size=2), clause="MIX-16", what="8 per step, composed 4",
+                        mentions=["= 8", "global_batch_size=4", "batch_size=1 on these 4"])
+    assert_raises_typed(TopologyError, check_batch_topology, "device_per_stream", 4, 2, 4, 1, clause="MIX-16",
+                        what="device batch 1, composed 2", mentions=["batch_size=1", "device_batch_size=2"])
+

@@ -465,7 +465,7 @@ def _stratified(counts: list[int], key: int, global_batch_size: int) -> MixPlan:
     steps = min((c // b for c, b in zip(counts, per_batch) if b > 0), default=0)
     g = global_batch_size
     owner = np.repeat(np.arange(len(counts), dtype=_I64), per_batch)
-    first = _exclusive_cumsum(np.asarray(per_batch, dtype=_I64))
+    first = exclusive_cumsum(np.asarray(per_batch, dtype=_I64))
     t = np.repeat(np.arange(steps, dtype=_I64), g)
     p = np.tile(np.arange(g, dtype=_I64), steps)
     keys = np.repeat(_subkeys(rng.subkey(key, len(counts)), np.arange(steps, dtype=_I64)), g)

@@ -8,7 +8,8 @@ they grade provenance (``conformance.provenance``): each within-document pair
 trained at most once per epoch, every sample the declared end policy keeps
 trained (an exact account, from the corpus, not from the loader's own run),
 labels that are the next token of the same document or -100, equal step
-counts on every rank, exact resume (also twice in a row), and, after a change of world size, batch size or workers, an
+counts on every rank, exact resume (also twice in a row, in epoch 0 and in
+epoch 1), and, after a change of world size, batch size or workers, an
 explicit refusal or an exactly-once continuation.
 """
 
@@ -235,6 +236,83 @@ def test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_res
                             what=f"{k} steps of epoch 0, resume, {j} steps, resume again, the rest", repro=repro,
                             states={f"the state after {k} steps": states[r],
                                     f"the state after {j} more": states2[r]})
+
+
+def _resumed(ld: Any, state: Any, j: int, *, skip_empty_pass: bool) -> tuple[list[list[Any]], Any]:
+    """The rest of the pass after loading ``state``, and the state after its first ``j`` batches.
+
+    ``skip_empty_pass``: the state was taken when epoch 0's last step had been
+    handed out but its pass had not ended; a loader may then still be in
+    epoch 0 (an empty pass ends it) or already in epoch 1, and either is
+    right, so an empty first pass is followed by the next one.
+    """
+    ld.load_state_dict(state)
+    later = json.loads(json.dumps(ld.state_dict())) if j == 0 else None
+    batches: list[list[Any]] = []
+    for _ in range(2 if skip_empty_pass else 1):
+        for batch in ld:
+            batches.append(list(batch))
+            if len(batches) == j:
+                later = json.loads(json.dumps(ld.state_dict()))
+        if batches:
+            break
+    if later is None:  # fewer than j batches: the comparison names the difference
+        later = json.loads(json.dumps(ld.state_dict()))
+    return batches, later
+
+
+@pytest.mark.clause("RES-1", "RES-2", "RES-7")
+@pytest.mark.capability("resume")
+@given(corpus=ls.provenance_corpora(max_docs=8), data=st.data(),
+       at=st.sampled_from(["epoch 0's last step", "the end of epoch 0's pass", "mid epoch 1"]),
+       k=st.integers(1, 6), j=st.integers(0, 2))
+def test_resuming_in_a_later_epoch_continues_that_epochs_stream_also_when_resumed_twice(
+        loadspec_adapter, corpus, data, at, k, j):
+    """A state taken in epoch 1, or at the boundary of epochs 0 and 1, resumes epoch 1's own stream, once or twice.
+
+    Why: a sampler that forgets its epoch on resume (epoch 1 resumed in
+    epoch 0's order) passes every resume in epoch 0. The state is taken after
+    epoch 0's last step was handed out (the pass not yet ended), after the
+    pass ended, or ``k`` steps into epoch 1; the run resumed from it once must
+    give the rest of the uninterrupted epoch 1, and so must its first ``j``
+    steps followed by a run resumed from the state it had after them.
+    """
+    config = data.draw(_configs(loadspec_adapter))
+    topology = data.draw(_topologies(loadspec_adapter, 2), label="topology")
+    with tempfile.TemporaryDirectory() as tmp:
+        def build() -> Built:
+            return Built(loadspec_adapter, corpus, config, topology, Path(tmp))
+
+        with build() as loaders:
+            epoch0 = _epoch(loaders)
+            epoch1 = _epoch(loaders)
+        last_step = at == "epoch 0's last step"
+        k = 0 if at != "mid epoch 1" else min(k, min(map(len, epoch1)))
+        with build() as loaders:
+            if last_step:
+                for ld, batches in zip(loaders, epoch0):
+                    list(itertools.islice(iter(ld), len(batches)))
+            else:
+                _epoch(loaders)
+                for ld in loaders:
+                    list(itertools.islice(iter(ld), k))
+            states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
+        j = min(j, min(map(len, epoch1)) - k)
+        with build() as loaders:
+            once, states2 = zip(*(_resumed(ld, state, j, skip_empty_pass=last_step)
+                                  for ld, state in zip(loaders, states)))
+        with build() as loaders:
+            rest = [_resumed(ld, state, 0, skip_empty_pass=last_step and j == 0)[0]
+                    for ld, state in zip(loaders, states2)]
+    where = f"after {at}" + (f" ({k} steps)" if at == "mid epoch 1" else "")
+    repro = _repro(corpus, config, topology, at=at, k=k, j=j)
+    for r in range(topology.world_size):
+        _assert_same_stream(once[r], epoch1[r][k:], rank=r, epoch=1, first_step=k, repro=repro,
+                            what=f"epoch 1 resumed once from the state saved {where}",
+                            states={f"the state saved {where}": states[r]})
+        _assert_same_stream(once[r][:j] + rest[r], epoch1[r][k:], rank=r, epoch=1, first_step=k, repro=repro,
+                            what=f"epoch 1 resumed from the state saved {where}, {j} steps, then resumed again",
+                            states={f"the state saved {where}": states[r], f"the state after {j} more": states2[r]})
 
 
 @st.composite

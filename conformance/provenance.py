@@ -12,8 +12,9 @@ is trained at most once per epoch. This module has both halves:
   pack can still claim ``packing:concat``), and :class:`ProvenanceCodec`
   encodes each token as its global position, for loaders that only carry
   token ids (token-block loaders);
-* for the tests: :func:`check_provenance`, :func:`pair_counts` and
-  :func:`promised_pairs`.
+* for the tests: :func:`check_provenance`, :func:`pair_counts`,
+  :func:`promised_pairs`, and the exact loss account of an epoch,
+  :func:`expected_coverage` and :func:`check_epoch_coverage`.
 
 Worked example (a two-document corpus, concat, L = 2)::
 
@@ -33,13 +34,15 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from conformance.adapter import CanonicalRow
 from conformance.assertions import ClauseViolation
 from reference.ordering import OrderingConfig
 from reference.packing import BIN_MODES, IGNORE, NO_DOC, PackingConfig, is_kept, pack, prepare, trained_pairs
-from reference.resume import Corpus, PipelineConfig, epoch_samples
+from reference.partition import steps_in_epoch, trained_end
+from reference.resume import Corpus, PipelineConfig, Topology, epoch_samples
 
 ROW_COLUMNS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 
@@ -166,3 +169,143 @@ def promised_pairs(corpus: Corpus, packing: PackingConfig) -> tuple[set[tuple[in
     if packing.mode in BIN_MODES or packing.mode == "none":
         return set(trained_pairs(pack(list(enumerate(docs)), packing))), 0
     return None
+
+
+# --------------------------------------------------------------------------- the exact loss account of an epoch
+
+
+@dataclass(frozen=True, slots=True)
+class EpochCoverage:
+    """What one epoch must train, from the corpus, the packing and the declared end policy alone (PART-4..PART-7).
+
+    ``samples`` (S) is how many samples the corpus packs into, ``kept`` (S')
+    how many of them the end policy trains on this topology (the rest, only
+    the stream's last ``S - S'``, it may drop), ``steps`` how many steps each
+    rank runs and ``last_step`` how many real samples (padding excluded) the
+    last of them holds.
+
+    >>> from reference.packing import PackingConfig
+    >>> config = PipelineConfig(packing=PackingConfig(seq_len=4))        # concat: (21 - 1) // 4 = 5 samples
+    >>> expected_coverage([[list(range(1, 22))]], config, Topology(world_size=2, batch_size=2))
+    EpochCoverage(samples=5, kept=4, steps=1, last_step=4, global_batch=4)
+    """
+
+    samples: int
+    kept: int
+    steps: int
+    last_step: int
+    global_batch: int
+
+
+def expected_coverage(corpus: Corpus, config: PipelineConfig, topology: Topology, *,
+                      order_known: bool = False) -> EpochCoverage | None:
+    """The :class:`EpochCoverage` of epoch 0 on ``topology``; None when the loader's order decides the count.
+
+    Why not the loader's own run: a loader that loses a sample loses it on
+    one rank too, so comparing it with itself hides the loss. How many
+    samples the corpus packs into is fixed by the packing alone for
+    ``concat``, ``chunk`` and ``none`` (PACK-6, PACK-8, PACK-19) and for the
+    bin modes under the store order; the bin modes under a shuffled order
+    pack the documents in the loader's order, known only when it is the
+    reference's (``order_known``, i.e. ``bit_exact``).
+    """
+    if config.packing.mode in BIN_MODES and config.ordering.kind != "sequential" and not order_known:
+        return None
+    total = len(epoch_samples(corpus, config, 0))
+    partition = topology.partition(config.end)
+    kept, steps = trained_end(0, total, partition), steps_in_epoch(total, partition)
+    g = partition.global_batch_size
+    return EpochCoverage(total, kept, steps, kept - (steps - 1) * g if steps else 0, g)
+
+
+def _runs(values: Iterable[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``'1..3, 7'``."""
+    runs: list[list[int]] = []
+    for v in sorted(set(values)):
+        if runs and runs[-1][1] == v - 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def describe_pairs(pairs: Iterable[tuple[int, int]], most: int = 6) -> str:
+    """Pairs ``(doc, offset)`` grouped by document: ``'doc 3 offsets 56..59; doc 5 offset 0'``."""
+    by_doc: dict[int, list[int]] = {}
+    for d, p in pairs:
+        by_doc.setdefault(d, []).append(p)
+    parts = [f"doc {d} offset{'s' if len(ps) > 1 else ''} {_runs(ps)}" for d, ps in sorted(by_doc.items())]
+    return "; ".join(parts[:most]) + (f"; ... ({len(parts)} documents)" if len(parts) > most else "")
+
+
+def sample_key(row: Any) -> tuple[tuple[int, int], ...]:
+    """A sample's identity: the ``(doc, offset)`` of each input position (distinct samples of an epoch differ)."""
+    return tuple(zip(row.doc_ids, row.token_offsets))
+
+
+def _is_padding(row: Any) -> bool:
+    return all(d < 0 for d in row.doc_ids)
+
+
+def check_epoch_coverage(per_rank: Sequence[Sequence[Sequence[CanonicalRow]]], corpus: Corpus, config: PipelineConfig,
+                         topology: Topology, coverage: EpochCoverage, *, bit_exact: bool = False,
+                         repro: Mapping[str, Any] | None = None) -> None:
+    """Fail unless the epoch trained every sample the end policy keeps, naming the lost samples and their pairs.
+
+    ``per_rank`` is every rank's batches of one uninterrupted epoch 0. The
+    account is exact: ``coverage.kept`` distinct real samples (padding
+    excluded) over the data-parallel groups, so one sample lost, or a whole
+    global batch held back, fails. The message says which samples were lost
+    (their sample indices for a ``bit_exact`` loader, else their place in the
+    packed stream's store order when the loader packs in store order) and
+    which pairs were never trained, and, when every rank ran one step short
+    and the loss is that step's samples, that they are the epoch's last
+    global batch. Training more than the end policy keeps is not loss, and
+    is not checked here.
+    """
+    __tracebackhide__ = True
+    leaders = per_rank[:: topology.replication]
+    rows = [row for batches in leaders for batch in batches for row in batch if not _is_padding(row)]
+    trained = {sample_key(row) for row in rows}
+    if len(trained) >= coverage.kept:
+        return
+    p, part = config.packing, topology.partition(config.end)
+    clause = {"drop_last": "PART-4", "pad": "PART-5", "even": "PART-6"}[config.end]
+    s, kept, g, steps = coverage.samples, coverage.kept, coverage.global_batch, coverage.steps
+    lost = kept - len(trained)
+    if s == kept:
+        drops = "may drop none of them" + (" (PART-5)" if config.end == "pad" else f" ({s} is a multiple of G)")
+    else:
+        bound = f"G = {g}" if config.end == "drop_last" else f"D = {part.data_parallel_size}"
+        drops = f"may drop only the stream's last {_count(s - kept, 'sample')} (fewer than {bound}, {clause})"
+    what = (f"epoch 0 trained {_count(len(trained), 'distinct sample')}, but the corpus packs into {s} ({p.mode!r}, "
+            f"seq_len {p.seq_len}) and end={config.end!r} on {_count(topology.world_size, 'rank')} x batch size "
+            f"{topology.batch_size} (G = {_count(g, 'sample')} a step) trains {kept} of them and {drops}: "
+            f"{_count(lost, 'sample')} lost")
+    ran = sorted({len(b) for b in per_rank})
+    if ran == [steps - 1] and lost == coverage.last_step:
+        which = f"sample {kept - 1}" if lost == 1 else f"samples {kept - lost}..{kept - 1}"
+        what += (f"; every rank ran {_count(steps - 1, 'step')} where {steps} were due: the lost "
+                 f"{'sample is' if lost == 1 else 'samples are'} the epoch's last global batch (step {steps} of {steps}, {which} of its stream), never served")
+    else:
+        what += f"; ranks ran {', '.join(map(str, ran))} steps, {steps} were due"
+    if bit_exact:
+        missing = sorted(set(range(kept)) - {row.sample_index for row in rows})
+        what += f"; sample indices never trained: {_runs(missing)}"
+    elif config.split is None:
+        store = [sample_key(row_from_columns(c, epoch=0, index=i)) for i, c in enumerate(pack_corpus(corpus, p))]
+        if trained <= set(store):
+            untrained = [i for i, key in enumerate(store) if key not in trained]
+            shown = "; ".join(f"{i} = {describe_pairs((d, o) for d, o in store[i] if d >= 0)}" for i in untrained[:4])
+            what += (f"; never trained, by place in the packed stream's store order (0..{len(store) - 1}): {shown}"
+                     + (f"; ... ({_runs(untrained)})" if len(untrained) > 4 else "")
+                     + (" (the stream's last window among them)" if len(store) - 1 in untrained else ""))
+    promise = promised_pairs(corpus, p)
+    if promise is not None:
+        never = promise[0] - set(pair_counts(rows))
+        what += f"; pairs never trained ({len(never)}): {describe_pairs(never)}"
+    raise ClauseViolation(clause, what, repro)

@@ -95,8 +95,8 @@ def test_resuming_at_any_step_continues_the_uninterrupted_stream(loadspec_adapte
         resumed = make()
         resumed.load_state_dict(state)
         rest = take(resumed, len(uninterrupted) - k)
-    assert_equal(rest, uninterrupted[k:], clause="RES-1", what=f"batches after resuming at step {k}",
-                 repro=_repro(corpus, config, topology, k=k))
+    assert_equal(rest, uninterrupted[k:], clause="RES-1", what=f"batches after resuming at step {k} from state {state!r}",
+                 repro=_repro(corpus, config, topology, k=k, state=state))
 
 
 @pytest.mark.clause("RES-2")

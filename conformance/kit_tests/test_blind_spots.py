@@ -1,0 +1,92 @@
+"""The kit catches the bugs of ``conformance.examples.broken``, each of which its in-process suites once passed.
+
+Each test runs every test of the in-process any-loader suites
+(``conformance/tests/test_any_loader.py`` and ``test_loader.py``) that the
+adapter's capabilities allow, on one broken variant of the worked example, with
+the kit's default budget (the ``ci`` profile: 30 derandomised examples) but no
+shrinking (the first failing example is enough to read the message; shrinking
+would cost tens of seconds per variant), and checks that a test fails with a
+message that names the bug. The intact worked example passes the same tests,
+so each failure is the bug's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import Phase, settings
+
+from conformance.assertions import ClauseViolation
+from conformance.examples import broken, third_party
+from conformance.tests import test_any_loader, test_loader
+
+SUITES = (test_any_loader, test_loader)
+CI = {"max_examples": 30, "derandomize": True}
+
+
+@contextmanager
+def _without_shrinking(fn: Any) -> Iterator[None]:
+    """``fn`` (a kit hypothesis test) on the ``ci`` budget without the shrink phase, its own settings restored after."""
+    before = fn._hypothesis_internal_use_settings
+    fn._hypothesis_internal_use_settings = settings(
+        before, **CI, database=None, deadline=None, report_multiple_bugs=False, print_blob=False,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
+    try:
+        yield
+    finally:
+        fn._hypothesis_internal_use_settings = before
+
+
+def _capabilities(fn: Any) -> set[str]:
+    return {c for mark in getattr(fn, "pytestmark", []) if mark.name == "capability" for c in mark.args}
+
+
+def _run_suites(adapter: Any) -> dict[str, str]:
+    """Each in-process kit test the adapter declares enough for, run on it: test name -> failure message."""
+    failures: dict[str, str] = {}
+    for suite in SUITES:
+        for name, fn in inspect.getmembers(suite, inspect.isfunction):
+            if not name.startswith("test_") or not _capabilities(fn) <= adapter.capabilities:
+                continue
+            with _without_shrinking(fn):
+                try:
+                    fn(loadspec_adapter=adapter)
+                except ClauseViolation as exc:
+                    failures[name] = str(exc)
+    return failures
+
+
+def test_the_intact_worked_example_passes_every_in_process_test():
+    assert _run_suites(third_party.adapter()) == {}
+
+
+def test_a_sampler_that_forgets_its_epoch_on_resume_fails_the_later_epoch_resume_test():
+    failures = _run_suites(broken.forgets_epoch())
+    message = failures.get("test_resuming_in_a_later_epoch_continues_that_epochs_stream_also_when_resumed_twice", "")
+    assert message.startswith("[RES-1] epoch 1 resumed"), failures
+    assert "first differing sample is row" in message and "but the uninterrupted run has CanonicalRow(" in message
+    assert "resumed from the state saved after" in message and "{'ep': " in message
+
+
+def test_a_loader_that_loses_one_sample_per_epoch_fails_the_exact_loss_account():
+    failures = _run_suites(broken.loses_last_sample())
+    message = failures.get("test_fewer_than_one_global_batch_is_left_untrained", "")
+    assert message.startswith("[PART-4] epoch 0 trained"), failures
+    assert "1 sample lost" in message
+    assert "never trained, by place in the packed stream's store order" in message
+    assert "(the stream's last window among them)" in message
+
+
+def test_a_loader_that_holds_back_the_last_batch_of_an_even_epoch_fails_the_exact_loss_account():
+    failures = _run_suites(broken.holds_back_even_batch())
+    message = failures.get("test_fewer_than_one_global_batch_is_left_untrained", "")
+    assert message.startswith("[PART-4] epoch 0 trained"), failures
+    assert "is a multiple of G" in message
+    assert "the epoch's last global batch" in message and "never served" in message

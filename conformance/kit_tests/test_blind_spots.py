@@ -45,7 +45,7 @@ def _without_shrinking(fn: Any) -> Iterator[None]:
 
 
 def _capabilities(fn: Any) -> set[str]:
-    return {c for mark in getattr(fn, "pytestmark", []) if mark.name == "capability" for c in mark.args}
+    return {c for mark in getattr(fn, "pytestmark", []) if mark.name == "loadspec_capability" for c in mark.args}
 
 
 def _run_suites(adapter: Any) -> dict[str, str]:

@@ -262,7 +262,7 @@ def _resumed(ld: Any, state: Any, j: int, *, skip_empty_pass: bool) -> tuple[lis
 
 
 @pytest.mark.clause("RES-1", "RES-2", "RES-7")
-@pytest.mark.capability("resume")
+@pytest.mark.loadspec_capability("resume")
 @given(corpus=ls.provenance_corpora(max_docs=8), data=st.data(),
        at=st.sampled_from(["epoch 0's last step", "the end of epoch 0's pass", "mid epoch 1"]),
        k=st.integers(1, 6), j=st.integers(0, 2))

@@ -22,11 +22,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m conformance.walkthrough
-	$(BIN)/loadspec demo
+	$(BIN)/python -m demos.train_resume
 
 # A two-corpus mixture with validation splits, trained on 2 ranks and resumed on 3 (issue 10's demo).
 demo-mix: $(STAMP)
-	$(BIN)/python -m impl.demo_mix
+	$(BIN)/python -m demos.mixture
 
 # Lint first (ruff, and mypy strict for reference/ and impl/), then the suites.
 test: $(STAMP) lint

@@ -1,4 +1,4 @@
-"""The ``loadspec`` command: build a store, preview samples, audit a config, run the demo.
+"""The ``loadspec`` command: build a store, preview samples, audit a config.
 
 Why a CLI: the questions a team asks before a weeks-long run ("what exactly
 will the model see?", "will a resume on another number of GPUs repeat or drop
@@ -10,7 +10,11 @@ first GPU hour is spent.
     loadspec check store/ --seq-len 2048 --world-sizes 8,6,16 --resumes 5
     loadspec check web/ code/ --weights 0.7 0.3 --stopping all_exhausted --seq-len 2048
     loadspec preview store/ --seq-len 2048 --packing none --bucket 256,8
-    loadspec demo
+
+The demos (a DDP job resumed on another world size, a two-corpus mixture)
+are not commands: they run on the repository's ``fixtures/``, which a wheel
+does not ship, so they live in the checkout's ``demos/`` (``make demo``,
+``make demo-mix``).
 
 Why every heavy import is inside a command: ``--help``, ``<command> --help``
 and a usage error must answer at once, so this module imports only the
@@ -344,19 +348,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    import tempfile
-
-    from impl.demo import DemoConfig, run
-
-    if args.workdir:
-        run(args.workdir, DemoConfig())
-    else:
-        with tempfile.TemporaryDirectory(prefix="loadspec-demo-") as tmp:
-            run(Path(tmp), DemoConfig())
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loadspec", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -387,10 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--audit-samples", type=_int_at_least(0), default=200)
     c.add_argument("--verify", action="store_true", help="recompute every file's sha256")
     c.set_defaults(fn=cmd_check)
-
-    d = sub.add_parser("demo", help="train on 2 gloo ranks, checkpoint, resume on 3, audit")
-    d.add_argument("--workdir", type=Path, default=None)
-    d.set_defaults(fn=cmd_demo)
 
     args = parser.parse_args(argv)  # a bad flag or value: usage on stderr, SystemExit(2)
     if args.command in ("preview", "check"):

@@ -2,12 +2,14 @@
 
 Why by path: loadspec installs no top-level ``fixtures`` package, since one
 would shadow PyPI's widely used ``fixtures`` in every environment loadspec is
-installed into. The demos (``loadspec demo``, ``python -m impl.demo_mix``,
-``python -m conformance.walkthrough``) run on the repository's committed data,
-so they look for ``fixtures/`` beside the ``impl`` package they were imported
-from (the root of a clone, also under ``pip install -e``) and load
-``fixtures/generators.py`` under a private module name: a ``fixtures`` the
-user has installed is neither shadowed nor used::
+installed into. The walkthrough (``python -m conformance.walkthrough``, the
+first half of ``make demo``) is shipped in ``conformance`` yet runs on the
+repository's committed data, so it looks for ``fixtures/`` beside the ``impl``
+package it was imported from (the root of a clone, also under ``pip install
+-e``) and loads ``fixtures/generators.py`` under a private module name: a
+``fixtures`` the user has installed is neither shadowed nor used. (The demos
+in ``demos/`` are not shipped: they run from the checkout and import
+``fixtures`` directly.) ::
 
     >>> gen = generators()
     >>> gen.tokenizer_path().relative_to(FIXTURES_DIR).as_posix()
@@ -45,8 +47,8 @@ def _load(fixtures_dir: Path) -> ModuleType:
     path = fixtures_dir / "generators.py"
     if not path.is_file():
         raise FixturesNotFoundError(
-            f"the demos run on the repository's fixtures/ (the KJV corpus and the GPT-2 tokenizer), and there is "
-            f"no {path}: this loadspec was installed from a wheel, which does not ship them. Run the demos from a "
+            f"the walkthrough runs on the repository's fixtures/ (the KJV corpus and the GPT-2 tokenizer), and "
+            f"there is no {path}: this loadspec was installed from a wheel, which does not ship them. Run it from a "
             "clone of the loadspec repository: `make demo` there (or `pip install -e .` from it)")
     spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
     assert spec is not None and spec.loader is not None

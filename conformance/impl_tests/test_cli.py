@@ -1,4 +1,4 @@
-"""The ``loadspec`` command line: build, preview, check, and a small run of the demo job."""
+"""The ``loadspec`` command line: build, preview, check."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 from conformance.assertions import assert_equal, check
 from fixtures import generators
 from impl import cli
-from impl.demo import DemoConfig, run
 from impl.store import TokenStore
 
 
@@ -163,17 +162,3 @@ def test_commands_report_typed_errors_with_exit_code_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert_equal(code, 2, clause="RES-3", what="exit code for a missing store")
     check("StoreNotFoundError" in err, clause="RES-3", what=f"stderr {err!r} does not name the error")
-
-
-@pytest.mark.loadspec_gloo
-@pytest.mark.clause("RES-4", "RES-1")
-def test_demo_resumes_two_ranks_on_three_with_no_sample_missing_or_repeated_gloo(tmp_path):
-    cfg = DemoConfig(documents=10, seq_len=32, global_batch=6, checkpoint_step=4, steps_after_checkpoint=2,
-                     join_timeout_s=240)
-    report = run(tmp_path, cfg)
-    assert_equal((report["duplicates"], report["missing"]), (0, 0), clause="RES-4", what="duplicates, missing")
-    check(report["samples_trained"] == report["samples_in_epoch"] - report["dropped_by_drop_last"], clause="PART-4",
-          what=f"trained {report['samples_trained']} samples")
-    check(report["loss_after_resume"] < report["loss_of_an_untrained_model"], clause="RES-1",
-          what=f"loss after resume {report['loss_after_resume']:.3f} looks like an untrained model")
-    check(json.loads((tmp_path / "report.json").read_text()) == report, clause="RES-2", what="report.json")

@@ -192,14 +192,3 @@ def test_mixture_survives_a_kill_9_and_resumes_on_3_ranks_gloo(stores, tmp_path)
     covered = consumed + (total - consumed) - (total - consumed) % 6
     _check_epoch(stores, _trained(tmp_path / "run1", upto=3) + _trained(tmp_path / "run2"), covered,
                  "2 ranks to the checkpoint before the kill, then 3")
-
-
-@pytest.mark.loadspec_gloo
-@pytest.mark.clause("MIX-13", "RES-4")
-def test_the_mixture_demo_trains_resumes_on_three_ranks_and_validates_with_no_sample_lost_or_repeated_gloo(tmp_path):
-    from impl.demo_mix import run
-
-    report = run(tmp_path / "demo")
-    assert (report["duplicates"], report["missing"]) == (0, 0), report
-    assert set(report["validation_loss"]) == {"web", "code"}, report
-    assert all(0 < loss < 20 for loss in report["validation_loss"].values()), report["validation_loss"]

@@ -1,4 +1,4 @@
-"""Meta test: the worked examples in reference and impl docstrings are true (they are doctests)."""
+"""Meta test: the worked examples in reference, impl and demos docstrings are true (they are doctests)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import pkgutil
 
 import pytest
 
+import demos
 import impl
 import reference
 
-MODULES = sorted(f"{pkg.__name__}.{m.name}" for pkg in (reference, impl) for m in pkgutil.iter_modules(pkg.__path__))
+MODULES = sorted(f"{pkg.__name__}.{m.name}" for pkg in (reference, impl, demos)
+                 for m in pkgutil.iter_modules(pkg.__path__))
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -103,37 +103,58 @@ def test_the_check_finds_each_kind_of_offence_and_allows_only_the_documented_app
     assert "    sys.path.append(directory)\n" in source  # the documented one is still there, and still allowed
 
 
-def test_the_demos_read_the_checkouts_fixtures_beside_a_users_own_fixtures_package(tmp_path: Path) -> None:
+def test_the_wheel_ships_no_demo_the_demos_live_in_the_checkouts_demos_folder() -> None:
+    packages = _setuptools_config()["packages"]
+    shipped_demos = [p.relative_to(REPO).as_posix() for p in _shipped_modules() if p.stem.startswith("demo")]
+    assert shipped_demos == [] and not any(name.split(".")[0] == "demos" for name in packages), (shipped_demos, packages)
+    assert (REPO / "demos" / "train_resume.py").is_file() and (REPO / "demos" / "mixture.py").is_file()
+
+
+def _user_fixtures_package(tmp_path: Path) -> Path:
+    """A ``fixtures`` package of the user's own (as PyPI's would be) whose ``generators`` must never be imported."""
     stub = tmp_path / "site" / "fixtures"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("WHOSE = 'the user'\n")
-    (stub / "generators.py").write_text("raise ImportError('a loadspec demo imported the user\\'s fixtures')\n")
-    code = ("import conformance.walkthrough, impl.demo, impl.demo_mix\n"
+    (stub / "generators.py").write_text("raise ImportError('loadspec imported the user\\'s fixtures')\n")
+    return stub.parent
+
+
+def test_the_walkthrough_reads_the_checkouts_fixtures_beside_a_users_own_fixtures_package(tmp_path: Path) -> None:
+    site = _user_fixtures_package(tmp_path)
+    code = ("import conformance.walkthrough\n"
             "from impl.repo_fixtures import generators\n"
             "texts = generators().load_corpus(limit=2)\n"
             "assert len(texts) == 2 and texts[0].startswith('In the beginning'), texts[0][:40]\n"
             "import sys, fixtures\n"
             "assert fixtures.WHOSE == 'the user' and 'fixtures.generators' not in sys.modules\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub.parent), str(REPO)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
     done = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_loadspec_demo_without_the_checkouts_fixtures_names_the_missing_path(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch,
-                                                                             capsys: pytest.CaptureFixture) -> None:
-    from impl import cli, repo_fixtures
+def test_the_demos_run_from_the_checkout_import_its_fixtures_before_a_users_own(tmp_path: Path) -> None:
+    site = _user_fixtures_package(tmp_path)
+    code = ("import demos.train_resume, demos.mixture, fixtures\n"
+            "print(fixtures.generators.__file__)\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    done = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert Path(done.stdout.strip()) == REPO / "fixtures" / "generators.py", done.stdout
+
+
+def test_the_walkthrough_without_the_checkouts_fixtures_names_the_missing_path(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance import walkthrough
+    from impl import repo_fixtures
     from impl.errors import FixturesNotFoundError, LoadspecError
 
     missing = tmp_path / "site-packages" / "fixtures"
     monkeypatch.setattr(repo_fixtures, "FIXTURES_DIR", missing)
-    assert cli.main(["demo", "--workdir", str(tmp_path / "work")]) == 2
-    err = capsys.readouterr().err
-    assert "FixturesNotFoundError" in err and str(missing / "generators.py") in err and "make demo" in err
-    assert not (tmp_path / "work").exists()
     with pytest.raises(FixturesNotFoundError) as raised:
-        repo_fixtures.generators(missing)
+        walkthrough.main()
+    assert str(missing / "generators.py") in str(raised.value) and "make demo" in str(raised.value)
     assert isinstance(raised.value, LoadspecError) and isinstance(raised.value, FileNotFoundError)
 
 

@@ -1,6 +1,6 @@
-"""The mixture demo (``python -m impl.demo_mix``): two corpora by weight, a validation split, a resume on 3 ranks.
+"""The mixture demo (``make demo-mix``): two corpora by weight, a validation split, a resume on 3 ranks.
 
-Why: the demo of ``impl.demo`` shows one corpus; pretraining mixes several.
+Why: ``demos.train_resume`` shows one corpus; pretraining mixes several.
 This trains the same tiny model with DDP on a 70/30 mixture of two real
 corpora, each cut into a training split (``"train[:90%]"``) and a held-out
 validation split (``"train[90%:]"``): King James Bible chapters (the shipped
@@ -14,14 +14,14 @@ validation loss on each corpus's held-out split.
 
 Worked example::
 
-    $ python -m impl.demo_mix /tmp/demo-mix        # doctest: +SKIP
+    $ python -m demos.mixture /tmp/demo-mix        # doctest: +SKIP
     [demo-mix] OK: duplicates 0, missing 0; web 70.2 % / code 29.8 % of the samples before a source ran out
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from demos.train_resume import TinyLM, check_world_sizes, read_logs, save_checkpoint, spawn_phase, train_on_rank
+from fixtures import generators
 from impl._atomic import atomic_write_json
 from impl.collation import collate
-from impl.demo import TinyLM, check_world_sizes, read_logs, save_checkpoint, spawn_phase, train_on_rank
 from impl.partition import trained_end
 from impl.resume import audit_coverage
 from reference.partition import PartitionConfig
@@ -131,10 +132,7 @@ def _code_texts(chars: int = 6000) -> list[str]:
 
 def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
     """Run the whole job in ``workdir`` and return the audit report (also printed)."""
-    from impl.repo_fixtures import generators as fixture_generators
     from impl.store import TokenStore
-
-    generators = fixture_generators()
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(exist_ok=True)
@@ -192,10 +190,12 @@ def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m impl.demo_mix [workdir]``: without a workdir, the run lives in a temporary directory."""
-    args = sys.argv[1:] if argv is None else argv
-    if args:
-        run(Path(args[0]))
+    """``python -m demos.mixture [workdir]``: without a workdir, the run lives in a temporary directory."""
+    parser = argparse.ArgumentParser(prog="python -m demos.mixture", description=__doc__.split("\n\n")[0])
+    parser.add_argument("workdir", type=Path, nargs="?", default=None, help="keep the stores, logs and report here")
+    args = parser.parse_args(argv)
+    if args.workdir is not None:
+        run(args.workdir)
         return
     with tempfile.TemporaryDirectory(prefix="loadspec-demo-mix-") as tmp:
         run(Path(tmp))

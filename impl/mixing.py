@@ -57,15 +57,7 @@ from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, TopologyError, is_integer, require
 from impl.fill import TokenSource, fill_batch
 from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
-from reference.mixing import (
-    BATCHING_METHODS,
-    STOPPING_STRATEGIES,
-    MixConfig,
-    StreamConfig,
-    WeightFn,
-    repeat_message,
-    zero_weight_message,
-)
+from reference.mixing import STOPPING_STRATEGIES, MixConfig, WeightFn, repeat_message, zero_weight_message
 from reference.packing import PackingConfig
 from reference.partition import PADDING
 from reference.resume import (
@@ -77,6 +69,7 @@ from reference.resume import (
     part_hash,
 )
 from reference.rng import GOLDEN_GAMMA, MASK64, Stream
+from reference.streams import BATCHING_METHODS, StreamConfig
 
 __all__ = ["MixPlan", "MixedDataset", "SampleKey", "StreamConfig", "balance_remaining", "check_batching",
            "interleave_datasets", "mix_plan", "stratified_counts", "stream_counts", "stream_plan"]
@@ -400,7 +393,7 @@ def stream_counts(source_sizes: Sequence[int], streams: Sequence[StreamConfig], 
 
 
 def check_batching(batching_method: str, global_batch_size: int | None, device_batch_size: int | None) -> None:
-    """``reference.mixing.check_batching`` (MIX-16): each batching method with exactly the batch sizes it composes."""
+    """``reference.streams.check_batching`` (MIX-16): each batching method with exactly the batch sizes it composes."""
     require(batching_method in BATCHING_METHODS, ConfigError,
             f"batching_method={batching_method!r} is not one of {BATCHING_METHODS}")
     for name, value in (("global_batch_size", global_batch_size), ("device_batch_size", device_batch_size)):
@@ -490,7 +483,7 @@ def _blocks(counts: list[int], seed: int, epoch: int, block: int, per_step: int)
 def stream_plan(source_sizes: Sequence[int], streams: Sequence[StreamConfig], seed: int, epoch: int, *,
                 epoch_size: int | None = None, batching_method: str = "random", global_batch_size: int | None = None,
                 device_batch_size: int | None = None) -> MixPlan:
-    """``reference.mixing.mix_streams`` as arrays (MIX-15, MIX-16, MIX-20, MIX-21).
+    """``reference.streams.mix_streams`` as arrays (MIX-15, MIX-16, MIX-20, MIX-21).
 
     Exact counts; each stream's virtual items in order, whole passes, then a
     keyed subset; interleaved by ``batching_method``.

@@ -1,4 +1,4 @@
-"""impl.mixing against reference.mixing / reference.resume: the same mixed streams, samples and fingerprints (MIX-*)."""
+"""impl's mixing, streams and MixedDataset against the reference: the same mixed streams, samples and fingerprints (MIX-*)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import impl.mixed_dataset
 import impl.mixing
 from conformance import strategies as ls
 from conformance.adapters.impl import build_store
@@ -20,8 +21,10 @@ from conformance.assertions import assert_equal, assert_exactly_once, assert_rai
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError, StateError, TopologyError
 from impl.loader import build_dataloader
-from impl.mixing import MixedDataset, balance_remaining, interleave_datasets, mix_plan, stream_plan
+from impl.mixed_dataset import MixedDataset, interleave_datasets
+from impl.mixing import balance_remaining, mix_plan
 from impl.packing import PackPlan
+from impl.streams import stream_plan
 from reference import mixing as ref_mixing
 from reference import streams as ref_streams
 from reference.mixing import STOPPING_STRATEGIES, MixConfig
@@ -172,7 +175,7 @@ def test_mixed_dataset_samples_and_fingerprint_equal_the_reference_mixture(mixtu
     if not expected:
         return
     _assert_rows_equal(mixed.samples(epoch, range(len(expected))), expected, 0, "the epoch in one call", repro)
-    with mock.patch.object(impl.mixing, "PIECE_BLOCK", block):   # a sequential reader: cached blocks of pieces
+    with mock.patch.object(impl.mixed_dataset, "PIECE_BLOCK", block):   # a sequential reader: cached blocks of pieces
         reader = _mixed(sources, config)
     for first in range(0, len(expected), batch_size):
         rows = range(first, min(first + batch_size, len(expected)))

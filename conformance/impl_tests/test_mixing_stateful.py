@@ -151,7 +151,8 @@ class MixtureMachine(LoaderMachine):
     def _dataset(self) -> Any:
         """A fresh mixture, as a restarted process builds it."""
         from impl.dataset import PackedDataset
-        from impl.mixing import MixedDataset, balance_remaining
+        from impl.mixed_dataset import MixedDataset
+        from impl.mixing import balance_remaining
 
         c = self.config
         sources = [PackedDataset.from_config(store, cfg, cache_dir=False) for store, cfg in zip(self.stores, c.sources)]

@@ -4,7 +4,7 @@ The K sources of a K-source mixture are K contiguous splits of the size's
 store (``"train[0%:50%]"``, ``"train[50%:100%]"`` for K = 2), each its own
 ``PackedDataset`` (concat, ``seq_len=2048``, global shuffle with its own
 seed), mixed with weights ``1, 2, ..., K`` under ``all_exhausted`` by
-``impl.mixing.MixedDataset``. So the mixture holds exactly the samples of the
+``impl.mixed_dataset.MixedDataset``. So the mixture holds exactly the samples of the
 splits, and the comparison with one ``PackedDataset`` over the whole store
 isolates the cost of mixing.
 
@@ -35,7 +35,7 @@ SOURCES = (2, 4)
 
 def _mixture(corpus: Corpus, k: int):
     from impl.dataset import PackedDataset
-    from impl.mixing import MixedDataset
+    from impl.mixed_dataset import MixedDataset
     from impl.store import TokenStore
 
     store = TokenStore.open(corpus.store())

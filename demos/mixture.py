@@ -79,7 +79,7 @@ def _sources(work: Path, cfg: MixDemoConfig, split: str) -> list[Any]:
 
 def mixture(work: Path, cfg: MixDemoConfig) -> Any:
     """The training mixture: each corpus's training split, mixed by ``cfg.weights`` (MIX-13)."""
-    from impl.mixing import MixedDataset
+    from impl.mixed_dataset import MixedDataset
 
     return MixedDataset(_sources(work, cfg, cfg.train_split), weights=cfg.weights, stopping=cfg.stopping, seed=cfg.seed)
 

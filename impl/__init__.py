@@ -48,12 +48,14 @@ if TYPE_CHECKING:
     from impl.evaluation import EvalBuildError, EvalDataset, build_eval_dataset
     from impl.hf import HuggingFaceDataset
     from impl.loader import ElasticLoader, build_dataloader
-    from impl.mixing import MixedDataset, StreamConfig, balance_remaining, interleave_datasets
+    from impl.mixed_dataset import MixedDataset, interleave_datasets
+    from impl.mixing import balance_remaining
     from impl.partition import ElasticSampler, SampleKey, distributed_topology
     from impl.resume import Coverage, audit_coverage
     from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
     from impl.splits import SplitStore, select, slice_store, split_store
     from impl.store import BuildOptions, TokenStore
+    from impl.streams import StreamConfig
 
 _MODULE_OF = {
     "BufferSortedDataset": "impl.bucketing",
@@ -68,7 +70,7 @@ _MODULE_OF = {
     "EvalDataset": "impl.evaluation",
     "HuggingFaceDataset": "impl.hf",
     "LoadspecError": "impl.errors",
-    "MixedDataset": "impl.mixing",
+    "MixedDataset": "impl.mixed_dataset",
     "PackedDataset": "impl.dataset",
     "PaddingSide1D": "impl.collation",
     "SampleBatch": "impl.collation",
@@ -83,7 +85,7 @@ _MODULE_OF = {
     "StoreError": "impl.errors",
     "StoreNotFoundError": "impl.errors",
     "StoreVersionError": "impl.errors",
-    "StreamConfig": "impl.mixing",
+    "StreamConfig": "impl.streams",
     "TokenPoolingType": "impl.collation",
     "TokenStore": "impl.store",
     "TokenizerError": "impl.errors",
@@ -96,7 +98,7 @@ _MODULE_OF = {
     "collate": "impl.collation",
     "cu_seqlens": "impl.collation",
     "distributed_topology": "impl.partition",
-    "interleave_datasets": "impl.mixing",
+    "interleave_datasets": "impl.mixed_dataset",
     "pad_stack_1d": "impl.collation",
     "select": "impl.splits",
     "shard_dataset_data_parallel": "impl.sharding",

@@ -146,7 +146,7 @@ def _dataset(args: argparse.Namespace) -> Any:
                               split=args.split) for store in args.store]
     ds: Any = datasets[0]
     if len(datasets) > 1:
-        from impl.mixing import MixedDataset
+        from impl.mixed_dataset import MixedDataset
 
         ds = MixedDataset(datasets, weights=args.weights, stopping=args.stopping, seed=args.mix_seed, epoch=args.epoch)
     if args.bucket is not None:

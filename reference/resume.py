@@ -35,22 +35,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 from reference.errors import ConfigError, SplitError, StateError, TopologyError, require
-from reference.mixing import (
-    MixConfig,
-    SourceRows,
-    StreamConfig,
-    WeightFn,
-    check_batch_topology,
-    check_batching,
-    check_distinct_sources,
-    check_mixture_weights,
-    mix,
-    mix_streams,
-)
+from reference.mixing import MixConfig, SourceRows, WeightFn, check_distinct_sources, check_mixture_weights, mix
 from reference.ordering import OrderingConfig, epoch_order
 from reference.packing import BIN_MODES, IGNORE, PackingConfig, Sample, bin_key, pack
 from reference.partition import PADDING, End, PartitionConfig, advance, data_parallel_group, step_slice, steps_in_epoch
 from reference.splits import STORE_SPLIT, Bound, parse_bounds, resolve_bound, resolve_slice, split_corpus
+from reference.streams import StreamConfig, check_batch_topology, check_batching, mix_streams
 
 STATE_FORMAT = "loadspec.state"
 STATE_VERSION = 2

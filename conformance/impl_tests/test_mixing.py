@@ -1,4 +1,4 @@
-"""impl.mixing against reference.mixing / reference.resume: the same mixed streams, samples and fingerprints (MIX-*)."""
+"""impl's mixing, streams and MixedDataset against the reference: the same mixed streams, samples and fingerprints (MIX-*)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import impl.mixed_dataset
 import impl.mixing
 from conformance import strategies as ls
 from conformance.adapters.impl import build_store
@@ -20,12 +21,16 @@ from conformance.assertions import assert_equal, assert_exactly_once, assert_rai
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError, StateError, TopologyError
 from impl.loader import build_dataloader
-from impl.mixing import MixedDataset, balance_remaining, interleave_datasets, mix_plan, stream_plan
+from impl.mixed_dataset import MixedDataset, interleave_datasets
+from impl.mixing import balance_remaining, mix_plan
 from impl.packing import PackPlan
+from impl.streams import stream_plan
 from reference import mixing as ref_mixing
-from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig
+from reference import streams as ref_streams
+from reference.mixing import STOPPING_STRATEGIES, MixConfig
 from reference.packing import MODES, PackingConfig
 from reference.resume import MixtureConfig, MixtureReferenceLoader, PipelineConfig, mixture_samples
+from reference.streams import StreamConfig
 
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 
@@ -170,7 +175,7 @@ def test_mixed_dataset_samples_and_fingerprint_equal_the_reference_mixture(mixtu
     if not expected:
         return
     _assert_rows_equal(mixed.samples(epoch, range(len(expected))), expected, 0, "the epoch in one call", repro)
-    with mock.patch.object(impl.mixing, "PIECE_BLOCK", block):   # a sequential reader: cached blocks of pieces
+    with mock.patch.object(impl.mixed_dataset, "PIECE_BLOCK", block):   # a sequential reader: cached blocks of pieces
         reader = _mixed(sources, config)
     for first in range(0, len(expected), batch_size):
         rows = range(first, min(first + batch_size, len(expected)))
@@ -326,7 +331,7 @@ def stream_options(draw):
 @given(options=stream_options())
 def test_stream_plan_equals_the_reference_streams(options):
     sizes, streams, epoch_size, seed, epoch = options
-    expected, expected_error = _reference_or_error(ref_mixing.mix_streams, sizes, streams, seed, epoch,
+    expected, expected_error = _reference_or_error(ref_streams.mix_streams, sizes, streams, seed, epoch,
                                                    epoch_size=epoch_size)
     plan, error = _reference_or_error(stream_plan, sizes, streams, seed, epoch, epoch_size=epoch_size)
     assert_equal(error, expected_error, clause="MIX-15", what="error type", repro={"options": options})
@@ -347,7 +352,7 @@ def test_mixed_dataset_with_streams_equals_the_reference_mixture(two_corpora, se
     assert_equal(mixed.fingerprint, MixtureReferenceLoader([[], []], config, data_fingerprints=[web.store.fingerprint,
                  code.store.fingerprint]).fingerprint, clause="MIX-14", what="fingerprint with streams")
     sizes = mixed.source_sizes(epoch)
-    expected = ref_mixing.mix_streams(sizes, streams, seed, epoch, epoch_size=epoch_size)
+    expected = ref_streams.mix_streams(sizes, streams, seed, epoch, epoch_size=epoch_size)
     batch = mixed.samples(epoch, range(mixed.num_samples(epoch)))
     assert_equal(list(zip(batch["source"].tolist(), batch["source_index"].tolist())), expected, clause="MIX-15",
                  what="mixed stream of streams", repro={"seed": seed, "epoch": epoch, "epoch_size": epoch_size})
@@ -578,7 +583,7 @@ def test_stream_plan_equals_the_reference_under_every_batching_method(options):
     sizes, streams, epoch_size, seed, epoch, method, glob, device = options
     kw = dict(epoch_size=epoch_size, batching_method=method, global_batch_size=glob,
               device_batch_size=device if method == "device_per_stream" else None)
-    expected, expected_error = _reference_or_error(ref_mixing.mix_streams, sizes, streams, seed, epoch, **kw)
+    expected, expected_error = _reference_or_error(ref_streams.mix_streams, sizes, streams, seed, epoch, **kw)
     plan, error = _reference_or_error(stream_plan, sizes, streams, seed, epoch, **kw)
     assert_equal(error, expected_error, clause="MIX-20", what="error type", repro={"options": options})
     if plan is not None:

@@ -48,7 +48,7 @@ def _corpora() -> list[list[list[list[int]]]]:
 
 def _mixture(stores: list[str]) -> Any:
     from impl.dataset import PackedDataset
-    from impl.mixing import MixedDataset
+    from impl.mixed_dataset import MixedDataset
 
     sources = [PackedDataset(path, seq_len=SEQ_LEN, packing="concat", shuffle="global", seed=3 + i, cache_dir=False,
                              split="train[:90%]" if i == 0 else None)

@@ -41,9 +41,11 @@ from conformance.assertions import assert_equal, check
 from conformance.budget import kit_settings
 from conformance.stateful import LoaderMachine, machine_corpora
 from reference import mixing as ref_mixing
-from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig
+from reference import streams as ref_streams
+from reference.mixing import STOPPING_STRATEGIES, MixConfig
 from reference.partition import PADDING, advance, rank_batch
 from reference.resume import MixtureConfig, PipelineConfig, Row, Topology, epoch_samples, mixture_items, padding_sample
+from reference.streams import StreamConfig
 
 MAX_EXAMPLES = 10
 STEPS = 16
@@ -149,7 +151,8 @@ class MixtureMachine(LoaderMachine):
     def _dataset(self) -> Any:
         """A fresh mixture, as a restarted process builds it."""
         from impl.dataset import PackedDataset
-        from impl.mixing import MixedDataset, balance_remaining
+        from impl.mixed_dataset import MixedDataset
+        from impl.mixing import balance_remaining
 
         c = self.config
         sources = [PackedDataset.from_config(store, cfg, cache_dir=False) for store, cfg in zip(self.stores, c.sources)]
@@ -215,7 +218,7 @@ class MixtureMachine(LoaderMachine):
                          what=f"per-source counts of epoch {epoch}'s trained prefix [0, {covered})", repro=self._repro())
             whole = covered == len(tags)
             if streams is not None and whole:
-                wanted = ref_mixing.stream_counts(sizes, streams, self.config.epoch_size)
+                wanted = ref_streams.stream_counts(sizes, streams, self.config.epoch_size)
                 assert_equal([counts[s] for s in range(len(sizes))], wanted, clause="MIX-15",
                              what=f"per-stream counts of the whole epoch {epoch}", repro=self._repro())
             for s, n in enumerate(sizes):

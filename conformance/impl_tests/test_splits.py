@@ -14,7 +14,7 @@ from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_raises_typed, check
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import EmptyDataError, SplitError
-from impl.mixing import MixedDataset
+from impl.mixed_dataset import MixedDataset
 from impl.splits import resolve_rows, select, slice_store, split_store
 from reference.mixing import MixConfig
 from reference.ordering import OrderingConfig

@@ -23,7 +23,7 @@ from impl import partition
 from impl.collation import SampleBatch, collate
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import SharedEpochError
-from impl.mixing import MixedDataset
+from impl.mixed_dataset import MixedDataset
 from impl.store import TokenStore
 
 BATCH = 3

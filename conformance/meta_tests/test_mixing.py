@@ -27,18 +27,13 @@ from reference.mixing import (
     STOPPING_STRATEGIES,
     MixConfig,
     MixState,
-    StreamConfig,
     balance_remaining,
-    check_batch_topology,
     check_distinct_sources,
     choose_weighted,
     initial_state,
     mix,
-    mix_streams,
     next_item,
     repeated_rows,
-    stratified_counts,
-    stream_counts,
 )
 from reference.packing import PackingConfig
 from reference.resume import (
@@ -49,6 +44,7 @@ from reference.resume import (
     corpus_fingerprint,
     mixture_fingerprint,
 )
+from reference.streams import StreamConfig, check_batch_topology, mix_streams, stratified_counts, stream_counts
 
 sizes_st = st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=4)
 nonempty_sizes_st = st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=4)

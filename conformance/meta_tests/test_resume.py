@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import ConfigError, StateError, TopologyError
-from reference.mixing import STOPPING_STRATEGIES, MixConfig, StreamConfig, balance_remaining
+from reference.mixing import STOPPING_STRATEGIES, MixConfig, balance_remaining
 from reference.packing import PackingConfig
 from reference.partition import PartitionConfig, steps_in_epoch
 from reference.resume import (
@@ -33,6 +33,7 @@ from reference.resume import (
     resume_mismatch,
     take,
 )
+from reference.streams import StreamConfig
 
 
 @pytest.mark.clause("RES-1")

@@ -31,8 +31,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "reference.partition": frozenset({"PartitionConfig", "PADDING", "END_POLICIES", "End"}),
     "reference.collation": frozenset({"SIDES", "POOLINGS", "IGNORE_INDEX"}),
     # repeat_message / zero_weight_message word MIX-17/18's refusals (error text); deciding them is impl's own.
-    "reference.mixing": frozenset({"MixConfig", "MixState", "STOPPING_STRATEGIES", "BATCHING_METHODS", "StreamConfig",
-                                   "WeightFn", "repeat_message", "zero_weight_message"}),
+    "reference.mixing": frozenset({"MixConfig", "MixState", "STOPPING_STRATEGIES", "WeightFn", "repeat_message",
+                                   "zero_weight_message"}),
+    "reference.streams": frozenset({"StreamConfig", "BATCHING_METHODS"}),
     "reference.bucketing": frozenset({"BucketConfig"}),
     "reference.sharding": frozenset({"ShardConfig", "MODES", "UNEVEN_POLICIES", "FILE_MODES"}),
     # parse_bounds reads split notation into its written bounds (configuration syntax); resolving them is impl's own.

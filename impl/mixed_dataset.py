@@ -1,0 +1,600 @@
+"""MixedDataset: several sources mixed at sample level, any sample of any epoch by random access.
+
+Conforms to MIX-13, MIX-14, MIX-16 (a loader's topology) and MIX-19, to MIX-17
+and MIX-18 through ``impl.mixing``'s checks (docs/SEMANTICS.md, "Mixing"), and,
+as the dataset behind ``impl.loader``, to RES-1..RES-7: ``MixedDataset.samples(e,
+i)`` is field for field ``reference.resume.mixture_samples(corpora, config, e)[i]``.
+Which sample of which source is mixed sample ``i`` is the epoch's plan
+(``impl.mixing.mix_plan``, or ``impl.streams.stream_plan`` for streams); this
+module reads those samples from the sources and fills batches.
+``interleave_datasets`` builds a ``MixedDataset`` from Hugging Face / Forgather
+arguments.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from impl._arrays import distinct_ints, exclusive_cumsum, ranges
+from impl.collation import SampleBatch, batch_cu_seqlens
+from impl.dataset import PackedDataset, SampleKey
+from impl.errors import ConfigError, TopologyError, is_integer, require
+from impl.fill import TokenSource, fill_batch
+from impl.mixing import MixPlan, balance_remaining, check_distinct_sources, check_mixture_weights, mix_plan
+from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
+from impl.streams import check_batching, stream_plan
+from reference.mixing import STOPPING_STRATEGIES, MixConfig, WeightFn
+from reference.packing import PackingConfig
+from reference.partition import PADDING
+from reference.resume import (
+    MixtureConfig,
+    canonical_json,
+    mixture_fingerprint,
+    mixture_level_parts,
+    mixture_parts,
+    part_hash,
+)
+from reference.streams import StreamConfig
+
+__all__ = ["MixedDataset", "SampleKey", "interleave_datasets"]
+
+_I64 = np.int64
+FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
+
+
+PIECE_BLOCK = 1024
+"""Mixed samples per cached block of pieces (``MixedDataset._block_pieces``)."""
+PIECE_BLOCKS_KEPT = 2
+
+
+class _Pieces(NamedTuple):
+    """Rows' pieces for ``fill_batch``: row r holds the next ``counts[r]``; ``docs`` in the concatenated sources."""
+
+    counts: np.ndarray
+    docs: np.ndarray
+    reported: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
+    source: np.ndarray
+    item: np.ndarray
+
+
+def _fingerprint_of(source: Any, i: int) -> str:
+    fp = getattr(source, "fingerprint", None)
+    require(isinstance(fp, str) and bool(fp), ConfigError,
+            f"sources[{i}] ({type(source).__name__}) has no string fingerprint; give it a .fingerprint naming its data "
+            "(a PackedDataset has one), so a checkpoint of this mixture is refused on other data")
+    return str(fp)
+
+
+def _source_size(source: Any, epoch: int) -> int:
+    if hasattr(source, "num_samples"):
+        return int(source.num_samples(epoch))
+    return len(source)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
+    """Samples of several sources, mixed at sample level, equal to the reference's mixture (MIX-13).
+
+    ``sources``: ``impl.dataset.PackedDataset`` objects, or any map-style
+    dataset with ``len`` whose items are dicts of equally shaped arrays and
+    which has a ``fingerprint`` string. ``weights`` (``None``: round robin),
+    ``stopping``, ``seed``: as ``reference.mixing.MixConfig``; ``weight_fn``:
+    ``(step, sizes, taken, exhausted) -> weights`` (e.g. ``balance_remaining``).
+
+    Used with ``impl.loader.build_dataloader`` exactly like ``PackedDataset``:
+    ``num_samples(epoch)``, ``fingerprint`` and keys ``SampleKey(epoch,
+    index)`` (``-1`` padding); ``__getitems__`` returns the batched dict with
+    two more fields, ``source`` and ``source_index`` (int64 ``[B]``), so the
+    training loop can count tokens per source. Sample ``i`` of source ``s``
+    is that source's sample of the same epoch (each source keeps its own
+    order and packing). Workers need no state: the epoch's plan is a pure
+    function of the sources' sizes, the config and the epoch (two plans are
+    kept in memory).
+
+    What a weight is (MIX-19): each step draws a source with probability
+    its weight over the weights of the sources it may still draw, so a
+    weight is its source's share of the samples (and tokens) while every
+    source can be drawn. Under ``first_exhausted`` (the epoch ends at the
+    first draw of an exhausted source) and ``all_exhausted_oversample``
+    (exhausted sources restart) that is the whole epoch; under
+    ``all_exhausted`` every sample is trained once, so the epoch's shares
+    are the sources' sizes and the weights set only the interleaving until
+    a source runs out.
+
+    Refused (ConfigError): a static weight of 0 (MIX-18: its source is never
+    trained; drop it), and sources that read the same documents, the same
+    dataset twice or overlapping splits of one store (MIX-17), unless
+    ``allow_repeat=True`` says the repeat is intended (it does not enter
+    the fingerprint: it changes no sample).
+
+    >>> mixed = MixedDataset([web, code], weights=(0.7, 0.3), stopping="all_exhausted", seed=1)   # doctest: +SKIP
+    >>> loader = build_dataloader(mixed, batch_size=8, rank=rank, world_size=world)              # doctest: +SKIP
+    """
+
+    def __init__(self, sources: Sequence[Any], *, weights: Sequence[float] | None = None,
+                 stopping: str = "first_exhausted", seed: int = 0, weight_fn: WeightFn | None = None,
+                 end: str = "drop_last", epoch: int = 0, streams: Sequence[StreamConfig] | None = None,
+                 epoch_size: int | None = None, batching_method: str = "random", global_batch_size: int | None = None,
+                 device_batch_size: int | None = None, allow_repeat: bool = False) -> None:
+        require(isinstance(sources, (list, tuple)) and len(sources) >= 1, ConfigError,
+                f"sources={sources!r} must be a non-empty list of datasets")
+        require(stopping in STOPPING_STRATEGIES, ConfigError,
+                f"stopping={stopping!r} is not a stopping strategy; choose one of {STOPPING_STRATEGIES} "
+                "(all_exhausted: every sample once, Forgather's meaning; all_exhausted_oversample: HF's)")
+        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        self.sources = list(sources)
+        self.mix_config = MixConfig(weights=None if weights is None else tuple(weights), stopping=stopping,  # type: ignore[arg-type]
+                                    seed=seed)
+        require(weights is None or len(self.mix_config.weights or ()) == len(self.sources), ConfigError,
+                f"weights has {0 if weights is None else len(weights)} entries but there are {len(self.sources)} "
+                "sources; pass one weight per source")
+        self.weight_fn = weight_fn
+        self.streams = None if streams is None else tuple(streams)
+        self.epoch_size = epoch_size
+        self.batching_method = batching_method
+        self.global_batch_size = global_batch_size
+        self.device_batch_size = device_batch_size
+        require(streams is None or (weights is None and weight_fn is None), ConfigError,
+                "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
+        require(streams is not None or (epoch_size is None and batching_method == "random" and global_batch_size is None
+                                        and device_batch_size is None), ConfigError,
+                "epoch_size, batching_method and the batch sizes apply to streams; pass "
+                "streams=[StreamConfig(...), ...] with them")
+        if streams is not None:
+            check_batching(batching_method, global_batch_size, device_batch_size)
+        sizes = {k: v for k, v in (("global_batch_size", global_batch_size), ("device_batch_size", device_batch_size))
+                 if v is not None}
+        if weight_fn is None:
+            check_mixture_weights(self.mix_config)
+        self.end = end
+        self.epoch = int(epoch)
+        prints = [_fingerprint_of(s, i) for i, s in enumerate(self.sources)]
+        require(isinstance(allow_repeat, bool), ConfigError, f"allow_repeat={allow_repeat!r} must be True or False")
+        self.allow_repeat = allow_repeat
+        if not allow_repeat:
+            check_distinct_sources(self.sources)
+        configs = [getattr(s, "config", None) for s in self.sources]
+        if all(c is not None and hasattr(c, "packing") for c in configs):
+            self.config: MixtureConfig | None = MixtureConfig(
+                sources=tuple(configs), mixing=self.mix_config, end=end, weight_fn=weight_fn,  # type: ignore[arg-type]
+                streams=self.streams, epoch_size=epoch_size, batching_method=batching_method,
+                global_batch_size=global_batch_size, device_batch_size=device_batch_size, allow_repeat=allow_repeat)
+            data = _data_fingerprints(self.sources)
+            self.fingerprint = mixture_fingerprint(data, self.config)
+            #: The fingerprint's components (RES-8): a refused state names the ones that differ.
+            self.fingerprint_parts = mixture_parts(data, self.config)
+            packing = self.config.packing
+            self._pad: dict[str, np.ndarray] | None = {name: row[0] for name, row in padding_rows(1, packing).items()}
+        else:
+            self.config = None
+            payload = {"data": prints, "mixture": {"mixing": {"weights": self.mix_config.weights,
+                                                              "stopping": stopping, "seed": seed},
+                                                   "end": end, "weight_fn": _name(weight_fn),
+                                                   "streams": None if streams is None else
+                                                   [dataclasses.asdict(x) for x in streams],
+                                                   "epoch_size": epoch_size, "batching_method": batching_method,
+                                                   **sizes}}
+            self.fingerprint = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+            self.fingerprint_parts = {f"source_{i}_data": part_hash(p) for i, p in enumerate(prints)}
+            self.fingerprint_parts.update(mixture_level_parts(
+                {"weights": self.mix_config.weights, "stopping": stopping, "seed": seed}, end, _name(weight_fn),
+                None if streams is None else {"streams": [dataclasses.asdict(x) for x in streams],
+                                              "epoch_size": epoch_size, "batching_method": batching_method, **sizes}))
+            self._pad = None
+        self._plans: collections.OrderedDict[int, MixPlan] = collections.OrderedDict()
+        self._shape = self._check_shapes()
+        self._packing = _shared_packing(self.sources)
+        self._tokens: TokenSource | None = None
+        self._doc_base = np.zeros(len(self.sources), dtype=_I64)
+        self._blocks: collections.OrderedDict[tuple[int, int], tuple[_Pieces, np.ndarray]] = collections.OrderedDict()
+        self._last_block: tuple[int, int] | None = None
+        self._piece_block = PIECE_BLOCK
+
+    # ------------------------------------------------------------ construction checks
+
+    def _first_sample(self, i: int) -> dict[str, np.ndarray]:
+        """Source ``i``'s sample 0, or for a ``PackedDataset`` its fields' shapes alone.
+
+        Why not read a packed sample: its fields are ``seq_len`` long by
+        construction, and reading one here would read tokens (and leave the
+        source's order looking like a sequential reader at position 0, so a
+        resume at 0 would evaluate a whole block of the order).
+        """
+        src = self.sources[i]
+        if type(src) is PackedDataset:
+            return {name: np.empty(src.config.packing.seq_len, dtype=_I64) for name in FIELDS}
+        if hasattr(src, "sample"):
+            return {k: np.asarray(v) for k, v in src.sample(0, 0).items()}
+        return {k: _numpy(v) for k, v in src[0].items()}
+
+    def _check_shapes(self) -> dict[str, tuple[int, ...]]:
+        """MIX-14: every source's samples have the same fields, each of the same shape."""
+        shapes: dict[str, tuple[int, ...]] | None = None
+        for i, src in enumerate(self.sources):
+            if _source_size(src, 0) == 0:
+                continue
+            sample = self._first_sample(i)
+            mine = {k: v.shape for k, v in sample.items() if k not in ("epoch", "sample_index", "cu_seqlens")}
+            if shapes is None:
+                shapes, first = mine, i
+                continue
+            require(mine == shapes, ConfigError,
+                    f"sources[{i}] yields fields {mine} but sources[{first}] yields {shapes}; every source of a "
+                    "mixture must yield the same fields with the same shapes (same seq_len and packing fields)")
+        return shapes or {}
+
+    # ------------------------------------------------------------ pickling (workers under spawn)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_plans"] = collections.OrderedDict()
+        state["_tokens"] = None
+        state["_blocks"] = collections.OrderedDict()
+        return state
+
+    # ------------------------------------------------------------ plans and sizes
+
+    def source_sizes(self, epoch: int) -> list[int]:
+        """Samples of each source in epoch ``epoch`` (what MIX mixes)."""
+        return [_source_size(s, epoch) for s in self.sources]
+
+    def plan(self, epoch: int) -> MixPlan:
+        """Epoch ``epoch``'s mixed stream (``mix_plan`` over the sources' sizes), built once and kept (LRU of 2)."""
+        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        epoch = int(epoch)
+        plan = self._plans.get(epoch)
+        if plan is None:
+            if self.streams is not None:
+                plan = stream_plan(self.source_sizes(epoch), self.streams, self.mix_config.seed, epoch,
+                                   epoch_size=self.epoch_size, batching_method=self.batching_method,
+                                   global_batch_size=self.global_batch_size, device_batch_size=self.device_batch_size)
+            else:
+                plan = mix_plan(self.source_sizes(epoch), self.mix_config, epoch, weight_fn=self.weight_fn)
+            self._plans[epoch] = plan
+            while len(self._plans) > 2:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(epoch)
+        return plan
+
+    def num_samples(self, epoch: int) -> int:
+        return len(self.plan(epoch).source)
+
+    def check_partition(self, groups: int, batch_size: int) -> None:
+        """Refuse a loader whose step is not the batch the batching method composed (MIX-16; TopologyError).
+
+        ``groups`` is ``world_size // replication``, ``batch_size`` a rank's;
+        ``impl.loader.build_dataloader`` asks. Another world size with the same
+        global (and device) batch size resumes exactly.
+        """
+        g, b = self.global_batch_size, self.device_batch_size
+        if self.batching_method == "random" or g is None:
+            return
+        step = groups * batch_size
+        hint = f"pass batch_size={g // groups} on these {groups} data-parallel groups, or " if g % groups == 0 else ""
+        require(step == g, TopologyError,
+                f"this topology's global batch is world_size // replication x batch_size = {groups} x {batch_size} = "
+                f"{step}, but the mixture composes global batches of global_batch_size={g} "
+                f"(batching_method={self.batching_method!r}); {hint}build the mixture with global_batch_size={step} "
+                "(another fingerprint: its checkpoints do not load here)")
+        if b is None:
+            return
+        require(batch_size == b, TopologyError,
+                f"batch_size={batch_size} but the mixture composes device batches of device_batch_size={b} "
+                f"(batching_method={self.batching_method!r}); pass batch_size={b} on {g // b} data-parallel groups "
+                f"(world_size // replication), or build the mixture with device_batch_size={batch_size} "
+                "(another fingerprint)")
+
+    def explain_short_epoch(self, epoch: int) -> str | None:
+        """Why epoch ``epoch`` is too short for a step, when an empty source cut it short (MIX-6, MIX-9); else None.
+
+        Why: under ``first_exhausted`` an empty source ends the mixed stream
+        the first time it is chosen, so the loader's "no step" error would
+        otherwise blame the batch size. ``impl.loader.build_dataloader`` asks.
+        """
+        if self.streams is not None or self.mix_config.stopping != "first_exhausted":
+            return None
+        weights = self.mix_config.weights
+        empty = [i for i, n in enumerate(self.source_sizes(epoch))
+                 if n == 0 and (weights is None or self.weight_fn is not None or weights[i] > 0)]
+        if not empty:
+            return None
+        i = empty[0]
+        zero = ", make weight_fn give it weight 0" if self.weight_fn is not None else ""   # static 0s: MIX-18
+        return (f"sources[{i}] ({_describe(self.sources[i])}) holds no sample in epoch {epoch}, and under "
+                "stopping='first_exhausted' the mixed stream ends the first time an empty source is chosen (MIX-6, "
+                f"MIX-9), so the epoch holds {self.num_samples(epoch)} samples; drop sources[{i}] from the mixture"
+                f"{zero}, or use stopping='all_exhausted' (every sample of the other sources once) or "
+                "'all_exhausted_oversample', which skip an empty source")
+
+    def __len__(self) -> int:
+        return self.num_samples(self.epoch)
+
+    def __repr__(self) -> str:
+        return (f"MixedDataset({len(self.sources)} sources, weights={self.mix_config.weights}, "
+                f"stopping={self.mix_config.stopping!r}, epoch={self.epoch})")
+
+    # ------------------------------------------------------------ samples
+
+    def _resolve(self, key: Any) -> tuple[int, int]:
+        return resolve_key(key, self.epoch, self.num_samples, " of the mixture")
+
+    def _fetch(self, s: int, epoch: int, indices: np.ndarray) -> dict[str, np.ndarray]:
+        src = self.sources[s]
+        if hasattr(src, "samples"):
+            return dict(src.samples(epoch, indices))
+        rows = [src[int(i)] for i in indices]
+        return {k: np.stack([_numpy(r[k]) for r in rows]) for k in self._shape}
+
+    def _padding_rows(self, n: int) -> dict[str, np.ndarray]:
+        require(self._pad is not None, ConfigError,
+                "end='pad' needs a padding sample, which only a mixture of PackedDataset sources defines; "
+                "use end='drop_last' or end='even' with these sources")
+        assert self._pad is not None
+        return {name: np.tile(value, (n, 1)) for name, value in self._pad.items()}
+
+    def _token_source(self) -> TokenSource:
+        if self._tokens is None:
+            parts = [src.source for src in self.sources]
+            self._doc_base = exclusive_cumsum(np.array([p.num_documents for p in parts], dtype=_I64))[:-1]
+            self._tokens = TokenSource.concat(parts)
+        return self._tokens
+
+    def _pieces(self, epoch: int, indices: np.ndarray) -> _Pieces:
+        """The pieces of mixed samples ``indices`` of epoch ``epoch`` (all real), in ``indices``' order.
+
+        Each source present finds its rows' pieces (``PackPlan.batch_pieces``
+        and its order) once; the pieces are laid out row by row, each
+        document id moved into ``TokenSource.concat`` of the sources.
+        """
+        plan = self.plan(epoch)
+        source, item = plan.source[indices], plan.item[indices]
+        found = []
+        counts = np.zeros(len(indices), dtype=_I64)
+        for s in distinct_ints(source):
+            rows = np.flatnonzero(source == s)
+            dataset = self.sources[s]
+            c, pos, a, b = dataset.plan(epoch).batch_pieces(item[rows])
+            ids = dataset.order(epoch)(pos) if len(pos) else pos
+            counts[rows] = c
+            found.append((rows, c, ids, a, b, s))
+        if len(found) == 1:   # one source: its pieces are already in row order
+            _, _, ids, starts, stops, s = found[0]
+            docs, reported = ids + self._doc_base[s], ids + self.sources[s].first_document
+        else:
+            ptr = exclusive_cumsum(counts)
+            docs, reported, starts, stops = (np.empty(int(ptr[-1]), dtype=_I64) for _ in range(4))
+            for rows, c, ids, a, b, s in found:
+                at = ranges(ptr[rows], c)
+                docs[at] = ids + self._doc_base[s]
+                reported[at], starts[at], stops[at] = ids + self.sources[s].first_document, a, b
+        return _Pieces(counts, docs, reported, starts, stops, source, item)
+
+    def _block_pieces(self, epoch: int, indices: np.ndarray) -> _Pieces | None:
+        """The pieces from cached blocks of ``PIECE_BLOCK`` mixed samples, or None (then the caller computes them).
+
+        Why: a sequential reader (a loader on few ranks) asks for a short run
+        of consecutive samples, the next batch the run after it. Finding the
+        pieces source by source costs a fixed number of numpy calls per
+        source present, for 8 rows as for 1024; a block's pieces, found once,
+        serve each of its batches by one slice. A block is computed when a
+        batch falls in one block and the previous batch fell in it or the
+        one before (a sequential reader); isolated lookups and readers that
+        skip blocks (many ranks, a resume's first batch) compute their own
+        rows. At most ``PIECE_BLOCKS_KEPT`` blocks are kept, so memory stays
+        O(block), never O(epoch).
+        """
+        size = self._piece_block
+        block = int(indices.min()) // size
+        if int(indices.max()) // size != block:
+            return None
+        key = (epoch, block)
+        last, self._last_block = self._last_block, key
+        table = self._blocks.get(key)
+        if table is None:
+            if last not in (key, (epoch, block - 1)):
+                return None
+            start = block * size
+            whole = self._pieces(epoch, np.arange(start, min(start + size, self.num_samples(epoch)), dtype=_I64))
+            table = (whole, exclusive_cumsum(whole.counts))
+            self._blocks[key] = table
+            while len(self._blocks) > PIECE_BLOCKS_KEPT:
+                with contextlib.suppress(KeyError):
+                    self._blocks.popitem(last=False)
+        whole, ptr = table
+        rows = indices - block * size
+        counts = whole.counts[rows]
+        at = ranges(ptr[rows], counts)
+        return _Pieces(counts, whole.docs[at], whole.reported[at], whole.starts[at], whole.stops[at],
+                       whole.source[rows], whole.item[rows])
+
+    def _packed_batch(self, epochs: np.ndarray, indices: np.ndarray, packing: PackingConfig) -> dict[str, Any]:
+        """The batch of sources that are ``PackedDataset``s packing alike: one ``fill_batch`` for all its rows.
+
+        Why: a batch of B mixed samples touches up to K sources; filling
+        each source's rows apart costs K fills, each a fixed number of numpy
+        calls however few rows it has. Here the batch's pieces are found
+        (``_pieces``, or a slice of a cached block) and one fill reads every
+        row from ``TokenSource.concat`` of the sources, reporting each
+        source's own document ids.
+        """
+        n = len(indices)
+        tokens = self._token_source()
+        real = indices != PADDING
+        epoch_list = distinct_ints(epochs[real])
+        pieces: _Pieces | None = None
+        if len(epoch_list) == 1 and real.all():
+            pieces = self._block_pieces(epoch_list[0], indices)
+            if pieces is None:
+                pieces = self._pieces(epoch_list[0], indices)
+        else:
+            parts = [(np.flatnonzero(real & (epochs == e)), e) for e in epoch_list]
+            found = [(rows, self._pieces(e, indices[rows])) for rows, e in parts]
+            counts = np.zeros(n, dtype=_I64)
+            source = np.full(n, -1, dtype=_I64)
+            item = np.full(n, -1, dtype=_I64)
+            for rows, got in found:
+                counts[rows], source[rows], item[rows] = got.counts, got.source, got.item
+            ptr = exclusive_cumsum(counts)
+            docs, reported, starts, stops = (np.empty(int(ptr[-1]), dtype=_I64) for _ in range(4))
+            for rows, got in found:
+                at = ranges(ptr[rows], got.counts)
+                docs[at], reported[at], starts[at], stops[at] = got.docs, got.reported, got.starts, got.stops
+            pieces = _Pieces(counts, docs, reported, starts, stops, source, item)
+        out: dict[str, Any] = fill_batch(pieces.counts, pieces.docs, pieces.starts, pieces.stops, packing, tokens,
+                                         segments=True, reported=pieces.reported)
+        out["epoch"], out["sample_index"] = epochs, indices
+        out["source"], out["source_index"] = pieces.source, pieces.item
+        return out
+
+    def _batch(self, keys: Sequence[Any]) -> dict[str, Any]:
+        resolved = resolve_keys(keys, self._resolve, self.num_samples)
+        if resolved is None:
+            raise ConfigError(f"keys {keys!r} do not fit int64; pass SampleKey(epoch, index) of int64 values")
+        epochs, indices = resolved
+        if self._packing is not None:
+            return self._packed_batch(epochs, indices, self._packing)
+        n = len(indices)
+        source = np.full(n, -1, dtype=_I64)
+        local = np.full(n, -1, dtype=_I64)
+        out: dict[str, Any] = {}
+        pad = indices == PADDING
+        for epoch in distinct_ints(epochs[~pad]):
+            rows = np.flatnonzero(~pad & (epochs == epoch))
+            plan = self.plan(epoch)
+            source[rows] = plan.source[indices[rows]]
+            local[rows] = plan.item[indices[rows]]
+            for s in distinct_ints(source[rows]):
+                mine = rows[source[rows] == s]
+                part = self._fetch(s, epoch, local[mine])
+                for name in self._shape:
+                    if name not in out:
+                        out[name] = np.empty((n, *self._shape[name]), dtype=np.asarray(part[name]).dtype)
+                    out[name][mine] = part[name]
+        if pad.any():
+            rows = np.flatnonzero(pad)
+            for name, value in self._padding_rows(len(rows)).items():
+                if name not in out:
+                    out[name] = np.empty((n, *value.shape[1:]), dtype=value.dtype)
+                out[name][rows] = value
+        if "position_ids" in out:
+            out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out.get("doc_ids"))
+        out["epoch"], out["sample_index"] = epochs, indices
+        out["source"], out["source_index"] = source, local
+        return out
+
+    def samples(self, epoch: int, indices: Any) -> dict[str, Any]:
+        """Mixed samples ``indices`` of epoch ``epoch`` as numpy, stacked (``__getitems__``'s numpy form)."""
+        values = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        return self._batch([SampleKey(int(epoch), int(i)) for i in values])
+
+    def __getitems__(self, keys: list[Any]) -> SampleBatch:
+        """A whole batch as a ``SampleBatch`` (``PackedDataset``'s fields plus ``source``/``source_index``).
+
+        Why a ``SampleBatch``: torch's DataLoader hands this to its
+        ``collate_fn``; ``default_collate`` (a plain ``DataLoader``, torchdata's
+        ``StatefulDataLoader``) reads it as the list of samples, and
+        ``impl.collation.collate`` takes the batch computed here as is.
+        """
+        return SampleBatch({name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                            for name, value in self._batch(keys).items()})
+
+    def __getitem__(self, key: Any) -> dict[str, torch.Tensor]:
+        sample: dict[str, torch.Tensor] = self.__getitems__([key])[0]
+        return sample
+
+
+def _shared_packing(sources: Sequence[Any]) -> PackingConfig | None:
+    """The sources' one ``PackingConfig`` when every source is a ``PackedDataset`` (the one-fill batch path), else None."""
+    if not all(type(src) is PackedDataset for src in sources):
+        return None
+    packings = {src.config.packing for src in sources}
+    return packings.pop() if len(packings) == 1 else None
+
+
+def _describe(source: Any) -> str:
+    """A source in words: a ``PackedDataset``'s store (and split), else its type."""
+    store = getattr(source, "store", None)
+    if store is None or not hasattr(store, "path"):
+        return type(source).__name__
+    split = getattr(store, "notation", None)
+    return f"{type(source).__name__} over " + (f"split={split!r} of " if split else "") + f"the store at {store.path}"
+
+
+def _name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
+
+
+def _data_fingerprints(sources: Sequence[Any]) -> list[str]:
+    """Each source's data fingerprint (its store's, as the reference fingerprints the corpus), MIX-14."""
+    out: list[str] = []
+    for i, src in enumerate(sources):
+        store = getattr(src, "store", None)
+        data = getattr(store, "data_fingerprint", None) or getattr(store, "fingerprint", None)
+        require(isinstance(data, str), ConfigError,
+                f"sources[{i}] ({type(src).__name__}) has a config but no store fingerprint; pass a PackedDataset")
+        out.append(str(data))
+    return out
+
+
+_INTERLEAVE_ALL_EXHAUSTED = (
+    "stopping_strategy='all_exhausted' means different things in the systems loadspec replaces: Hugging Face "
+    "datasets oversamples (restarts exhausted sources until every source has run out once), Forgather drops "
+    "exhausted sources (every example exactly once); pass oversample=True for Hugging Face's meaning or "
+    "oversample=False for Forgather's")
+
+
+def interleave_datasets(datasets: Sequence[Any], probabilities: Sequence[float] | Callable[..., Sequence[float]] | None = None,
+                        seed: int | None = None, stopping_strategy: str = "first_exhausted", *,
+                        oversample: bool | None = None, balance_remaining_examples: bool = False,
+                        end: str = "drop_last") -> MixedDataset:
+    """A ``MixedDataset`` from Hugging Face / Forgather ``interleave_datasets`` arguments.
+
+    ``probabilities``: ``None`` (round robin), one weight per dataset, or a
+    callable ``(step, sizes, taken, exhausted) -> weights`` (Forgather's);
+    ``balance_remaining_examples=True`` is ``weight_fn=balance_remaining``.
+    ``seed=None`` means seed 0 (loadspec has no unseeded randomness).
+    ``stopping_strategy="all_exhausted"`` is refused unless ``oversample``
+    says which meaning is wanted (the two systems disagree).
+
+    >>> interleave_datasets([a, b], stopping_strategy="all_exhausted")   # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    impl.errors.ConfigError: stopping_strategy='all_exhausted' means different things ...
+    """
+    if stopping_strategy == "all_exhausted":
+        require(oversample is not None, ConfigError, _INTERLEAVE_ALL_EXHAUSTED)
+        stopping = "all_exhausted_oversample" if oversample else "all_exhausted"
+    else:
+        require(stopping_strategy in ("first_exhausted", "all_exhausted_oversample"), ConfigError,
+                f"stopping_strategy={stopping_strategy!r} is not one of 'first_exhausted', 'all_exhausted' "
+                "(with oversample=True/False), 'all_exhausted_oversample'")
+        stopping = stopping_strategy
+    weight_fn: WeightFn | None = None
+    weights: Sequence[float] | None = None
+    if balance_remaining_examples:
+        require(probabilities is None, ConfigError,
+                "balance_remaining_examples=True sets the weights itself; pass probabilities=None with it")
+        weight_fn = balance_remaining
+    elif callable(probabilities):
+        weight_fn = probabilities
+    elif probabilities is not None:
+        weights = list(probabilities)
+    return MixedDataset(list(datasets), weights=weights, stopping=stopping, seed=0 if seed is None else seed,
+                        weight_fn=weight_fn, end=end)

@@ -28,7 +28,7 @@ demo: $(STAMP)
 demo-mix: $(STAMP)
 	$(BIN)/python -m demos.mixture
 
-# Lint first (ruff, and mypy strict for reference/ and impl/), then the suites.
+# Lint first (ruff, and mypy strict for reference/, impl/ and demos/), then the suites.
 test: $(STAMP) lint
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loadspec-loader conformance.adapters.reference:adapter

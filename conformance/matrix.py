@@ -285,8 +285,7 @@ SUMMARY_TESTS = {
     "test_every_input_and_label_is_the_corpus_token_its_provenance_names": "inputs and labels from the right document (PACK-4)",
     "test_every_rank_runs_the_same_number_of_steps": "every rank runs the same number of steps (PART-1)",
     "test_no_within_document_pair_is_trained_twice_in_an_epoch": "no pair trained twice in an epoch (PART-1)",
-    "test_fewer_than_one_global_batch_is_left_untrained":
-        "exactly what the end policy keeps is trained (PART-1, PACK-7)",
+    "test_fewer_than_one_global_batch_is_left_untrained": "less than one global batch left untrained (PART-1, PACK-7)",
     "test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_resumed_twice":
         "resume continues the stream, also twice (RES-1)",
     "test_resuming_in_a_later_epoch_continues_that_epochs_stream_also_when_resumed_twice":

@@ -29,6 +29,10 @@ class StateError(LoadspecError, ValueError):
     """A state_dict was refused: foreign, future-version, or for other data or config (RES-*)."""
 
 
+class SourceError(LoadspecError, ValueError):
+    """A source file's content cannot be read as rows: names the file, the byte offset and the fix (STREAM-2)."""
+
+
 class EmptyDataError(ConfigError):
     """The data holds nothing a loader could yield (for example an empty store)."""
 

@@ -49,6 +49,7 @@ class Stream(enum.IntEnum):
     BUCKET = 6
     SAMPLE_ORDER = 7
     BIN_ORDER = 8
+    STREAMING = 9
 
 
 def mix64(z: int) -> int:

@@ -73,11 +73,13 @@ from impl._arrays import distinct_ints
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl._crc import crc32
 from impl.collation import SampleBatch, batch_cu_seqlens, sample_cu_seqlens
+from impl.epoch_cell import SharedEpoch
 from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
+from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, bin_key, pack_plan
-from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key, resolve_keys
+from impl.schema import BATCH_FIELDS, padding_rows
 from impl.splits import SplitStore, split_pipeline
 from impl.store import TokenStore
 from impl.store_format import META_FILE
@@ -108,7 +110,6 @@ _BOUNDS = {
     "epoch": (0, 1 << 40, "the epoch to start in, e.g. epoch=0"),
 }
 PLAN_LRU = 2
-FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 _PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_continuation", "add_bos", "add_eos",
                   "min_len")
 
@@ -621,14 +622,14 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch), segments=True,
                                         first_document=self.first_document)
             else:   # only padding keys: no plan needed
-                out = _padding_batch(len(indices), p)
+                out = padding_rows(len(indices), p)
         else:
-            out = _padding_batch(len(indices), p)
+            out = padding_rows(len(indices), p)
             for epoch in groups:
                 rows = np.flatnonzero(real & (epochs == epoch))
                 part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch),
                                          first_document=self.first_document)
-                for name in FIELDS:
+                for name in BATCH_FIELDS:
                     out[name][rows] = part[name]
         cu: Any = out.pop("cu_seqlens", None)
         max_seqlen: Any = out.pop("max_seqlen", None)
@@ -654,7 +655,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         resolved = resolve_keys(keys, self._resolve, self.num_samples)
         if resolved is None:   # a key beyond int64: stack the rows one by one
             rows = [self.sample(*self._resolve(k)) for k in keys]
-            out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
+            out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*BATCH_FIELDS, "epoch", "sample_index")}
             out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
             return out
         return self._rows(*resolved)
@@ -753,9 +754,4 @@ def _check_bounded(name: str, value: Any) -> None:
     lo, hi, what = _BOUNDS[name]
     if not (is_integer(value) and lo <= value <= hi):   # the message only on failure: construction checks ~15 values
         raise ConfigError(f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")
-
-
-def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:
-    """``rows`` padding samples (``impl.partition.padding_rows``), int64 ``[rows, seq_len]``."""
-    return padding_rows(rows, p)
 

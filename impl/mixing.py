@@ -53,10 +53,13 @@ from torch.utils.data import Dataset
 from impl import rng
 from impl._arrays import distinct_ints, exclusive_cumsum, ranges
 from impl.collation import SampleBatch, batch_cu_seqlens
-from impl.dataset import PackedDataset, SampleKey
+from impl.dataset import PackedDataset
+from impl.epoch_cell import SharedEpoch
 from impl.errors import ConfigError, is_integer, require
 from impl.fill import TokenSource, fill_batch
-from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
+from impl.keys import SampleKey, resolve_key, resolve_keys
+from impl.schema import BATCH_FIELDS as FIELDS
+from impl.schema import padding_rows
 from reference.mixing import (
     BATCHING_METHODS,
     STOPPING_STRATEGIES,
@@ -83,7 +86,6 @@ __all__ = ["MixPlan", "MixedDataset", "SampleKey", "StreamConfig", "balance_rema
 
 _I64 = np.int64
 _BLOCK = 1 << 18
-FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 
 
 PIECE_BLOCK = 1024

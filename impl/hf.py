@@ -53,9 +53,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from impl.dataset import PackedDataset, refuse_file_cache_dir
+from impl.dataset import PackedDataset
 from impl.encoding import eos_suggestion, resolve_tokenizer
 from impl.errors import ConfigError, EmptyDataError, TokenizerError, is_int, require
+from impl.plan_cache import refuse_file_cache_dir
 from impl.store import TokenStore
 from reference.resume import canonical_json
 

@@ -66,7 +66,7 @@ from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptE
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
-from impl.packing import PackPlan, bin_key, pack_plan
+from impl.packing import PackPlan, bin_key, closed_form_samples, pack_plan
 from impl.plan_cache import PlanCache, PlanEntry, plan_cache_dir, plan_key
 from impl.schema import BATCH_FIELDS, padding_rows
 from impl.splits import SplitStore, split_pipeline
@@ -77,7 +77,7 @@ from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
 from reference.partition import PADDING, End
 from reference.resume import PipelineConfig, pipeline_fingerprint, pipeline_parts
 
-__all__ = ["SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens"]
+__all__ = ["MAX_SEQ_LEN", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens", "check_bounded"]
 
 SHUFFLES = {"none": "sequential", "sequential": "sequential", "global": "global", "window": "window"}
 """``shuffle=`` names and the ``reference.ordering`` kind each selects (``buffer`` is refused)."""
@@ -148,17 +148,15 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         opened = _open_store(store)
         for name, value in (("seq_len", seq_len), ("seed", seed), ("window", window), ("pack_window", pack_window),
                             ("stride", stride), ("min_len", min_len), ("epoch", epoch)):
-            _check_bounded(name, value)
+            check_bounded(name, value)   # before the configs exist: their own checks would name the bounds less well
         if pad_id is not None:
-            _check_bounded("pad_id", pad_id)
+            check_bounded("pad_id", pad_id)
         require(packing in MODES, ConfigError,
                 f"packing={packing!r} is not a packing mode; choose one of {', '.join(MODES)}")
         if shuffle == "buffer":
             raise NotImplementedError(f"shuffle='buffer': {BUFFER_MESSAGE}")
         require(shuffle in SHUFFLES, ConfigError,
                 f"shuffle={shuffle!r} is not a shuffle; choose one of none, global, window")
-        require(is_integer(pack_window) and pack_window >= 1, ConfigError,
-                f"pack_window={pack_window!r} must be an integer >= 1 (documents per bin-packing window)")
         for name, wanted, ident, token in (("add_bos", add_bos, opened.bos_id, "BOS"),
                                            ("bos_on_continuation", bos_on_continuation, opened.bos_id, "BOS"),
                                            ("add_eos", add_eos, opened.eos_id, "EOS")):
@@ -167,6 +165,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                     f"{token} token); set {name}=False, or rebuild the store with a tokenizer that has a {token} token")
         if pad_id is None:
             pad_id = next((i for i in (opened.pad_id, opened.eos_id) if i is not None), 0)
+            check_bounded("pad_id", pad_id)
         config = PipelineConfig(
             packing=PackingConfig(seq_len=seq_len, mode=cast(Mode, packing), window=pack_window,
                                   overflow=cast(Overflow, overflow), stride=stride,
@@ -190,8 +189,13 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 f"config={config!r} must be a reference.resume.PipelineConfig")
         if config.ordering.kind == "buffer":
             raise NotImplementedError(f"ordering kind 'buffer': {BUFFER_MESSAGE}")
+        opened = _open_store(store)
+        p, o = config.packing, config.ordering
+        for name, value in (("epoch", epoch), ("seq_len", p.seq_len), ("pack_window", p.window), ("stride", p.stride),
+                            ("min_len", p.min_len), ("pad_id", p.pad_id), ("seed", o.seed), ("window", o.window)):
+            check_bounded(name, value)
         self = cls.__new__(cls)
-        self._setup(_open_store(store), config, cache_dir, epoch)
+        self._setup(opened, config, cache_dir, epoch)
         return self
 
     def _setup(self, store: TokenStore | SplitStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
@@ -201,13 +205,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         dataset before its first batch; what the first batch needs (its
         plan's blocks, the files its documents sit in) is read then.
         """
-        _check_bounded("epoch", epoch)
         data_fingerprint, store, config = split_pipeline(store, config)   # SPLIT-8: a split reads a view of the store
-        p, o = config.packing, config.ordering
-        for name in ("seq_len", "window", "stride", "min_len", "pad_id"):
-            _check_bounded("pack_window" if name == "window" else name, getattr(p, name))
-        _check_bounded("seed", o.seed)
-        _check_bounded("window", o.window)
+        p = config.packing
         options = store.meta.get("options") or {}
         for name, token in (("add_bos", "BOS"), ("add_eos", "EOS")):
             require(not (getattr(p, name) and options.get(name)), ConfigError,
@@ -268,7 +267,6 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         """
         p = self.config.packing
         store = self.store
-        L = p.seq_len
         where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
         if isinstance(store, SplitStore):
             where = (f"split={store.notation!r} of the store at {store.path} (documents {store.rows.start} to "
@@ -281,10 +279,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         else:
             kept, n = totals
             self._refuse_empty(where, kept, n)
-            if p.mode in ("concat", "chunk"):
-                self._fixed_samples = max(0, (n - 1) // L) if p.mode == "concat" else n // (L + 1)
-            elif p.mode == "none" and not p.splits:
-                self._fixed_samples = kept
+            self._fixed_samples = closed_form_samples(p, kept, n)
             return
         plan = self.plan(self.epoch)
         if plan.num_samples == 0:
@@ -516,8 +511,18 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                             for name, value in self._batch(keys).items()})
 
 
-def _check_bounded(name: str, value: Any) -> None:
-    """ConfigError unless ``value`` is an integer (never a bool or float) within ``_BOUNDS[name]``."""
+def check_bounded(name: str, value: Any) -> None:
+    """ConfigError unless ``value`` is an integer (never a bool or float) within ``_BOUNDS[name]``.
+
+    The one check of ``seq_len`` and the other sized arguments: each
+    constructor (``PackedDataset(...)``, ``PackedDataset.from_config``,
+    ``impl.hf.HuggingFaceDataset`` before it tokenizes) runs it once per value.
+
+    >>> check_bounded("seq_len", 0)
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: seq_len=0 must be an integer in [1, 16777216] (input positions per sample, e.g. seq_len=2048)
+    """
     lo, hi, what = _BOUNDS[name]
     if not (is_integer(value) and lo <= value <= hi):   # the message only on failure: construction checks ~15 values
         raise ConfigError(f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")

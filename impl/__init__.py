@@ -47,10 +47,11 @@ if TYPE_CHECKING:
     )
     from impl.evaluation import EvalBuildError, EvalDataset, build_eval_dataset
     from impl.hf import HuggingFaceDataset
+    from impl.keys import SampleKey
     from impl.loader import ElasticLoader, build_dataloader
     from impl.mixed_dataset import MixedDataset, interleave_datasets
     from impl.mixing import balance_remaining
-    from impl.partition import ElasticSampler, SampleKey, distributed_topology
+    from impl.partition import ElasticSampler, distributed_topology
     from impl.resume import Coverage, audit_coverage
     from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
     from impl.splits import SplitStore, select, slice_store, split_store
@@ -74,7 +75,7 @@ _MODULE_OF = {
     "PackedDataset": "impl.dataset",
     "PaddingSide1D": "impl.collation",
     "SampleBatch": "impl.collation",
-    "SampleKey": "impl.partition",
+    "SampleKey": "impl.keys",
     "ShardIndexingMode": "impl.sharding",
     "ShardedDataset": "impl.sharding",
     "SourceError": "impl.errors",

@@ -187,7 +187,7 @@ class _Samples:
         return int(self.dataset.num_samples(self.epoch))
 
     def __getitem__(self, index: int) -> Any:
-        from impl.partition import SampleKey
+        from impl.keys import SampleKey
 
         return self.dataset[SampleKey(self.epoch, int(index))]
 

@@ -15,17 +15,14 @@ epoch" for interactive use.
 
 Why a cached plan: the epoch plan (document order + sample boundaries,
 ``impl.packing.PackPlan``) is computed once per (store, config, epoch) with
-numpy, written atomically to ``<store>/.plans`` (or a user cache directory
-when the store is read-only) as one ``.npy`` plus a JSON sidecar holding its
-size and one CRC-32 per 64 KiB block, and mapped by every other process. A
-cache file whose sidecar, size or header does not match is recomputed; a
-block is checked the first time a lookup reads it, and one that fails makes
-the plan recompute itself: never trusted, and a fresh process checks only
-the blocks its first batch reads. The plan holds O(documents) integers:
-for the global shuffle it stores epoch *positions*, and the document at a
-position is computed at access with ``impl.rng.FeistelPermutation`` on the
-few positions a sample needs (``impl.ordering.EpochOrder``), so no
-permutation array exists anywhere. Two epochs' plans stay in memory (LRU).
+numpy, written to ``<store>/.plans`` (or a user cache directory when the
+store is read-only) and mapped by every other process, checked block by
+block as it is read (``impl.plan_cache``). The plan holds O(documents)
+integers: for the global shuffle it stores epoch *positions*, and the
+document at a position is computed at access with
+``impl.rng.FeistelPermutation`` on the few positions a sample needs
+(``impl.ordering.EpochOrder``), so no permutation array exists anywhere.
+Two epochs' plans stay in memory (LRU).
 
 Why lazy: a restarted job or a spawned worker builds a dataset before its
 first batch. Construction reads ``meta.json`` only (sample counts of
@@ -54,14 +51,7 @@ Worked example::
 from __future__ import annotations
 
 import collections
-import dataclasses
-import functools
-import hashlib
-import io
-import json
-import mmap
 import os
-import warnings
 from pathlib import Path
 from typing import Any, cast
 
@@ -70,31 +60,28 @@ import torch
 from torch.utils.data import Dataset
 
 from impl._arrays import distinct_ints
-from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
-from impl._crc import crc32
 from impl.collation import SampleBatch, batch_cu_seqlens, sample_cu_seqlens
+from impl.epoch_cell import SharedEpoch
 from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
+from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
-from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError, bin_key, pack_plan
-from impl.partition import SampleKey, SharedEpoch, padding_rows, resolve_key, resolve_keys
+from impl.packing import PackPlan, bin_key, closed_form_samples, pack_plan
+from impl.plan_cache import PlanCache, PlanEntry, plan_cache_dir, plan_key
+from impl.schema import BATCH_FIELDS, padding_rows
 from impl.splits import SplitStore, split_pipeline
 from impl.store import TokenStore
 from impl.store_format import META_FILE
 from reference.ordering import Kind, OrderingConfig
 from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
 from reference.partition import PADDING, End
-from reference.resume import PipelineConfig, canonical_json, pipeline_fingerprint, pipeline_parts
+from reference.resume import PipelineConfig, pipeline_fingerprint, pipeline_parts
 
-__all__ = ["PLAN_FORMAT", "PLAN_VERSION", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens"]
+__all__ = ["MAX_SEQ_LEN", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_seqlens", "check_bounded"]
 
 SHUFFLES = {"none": "sequential", "sequential": "sequential", "global": "global", "window": "window"}
 """``shuffle=`` names and the ``reference.ordering`` kind each selects (``buffer`` is refused)."""
 
-PLAN_FORMAT = "loadspec.plan"
-PLAN_VERSION = 4
-PLAN_BLOCK = 1 << 13
-"""int64 values per checksummed block of a cached plan (64 KiB): the unit a fresh loader verifies on first use."""
 MAX_SEQ_LEN = 1 << 24
 """The largest ``seq_len`` accepted (16M positions): a batch row is five int64 arrays of it."""
 _BOUNDS = {
@@ -108,9 +95,7 @@ _BOUNDS = {
     "epoch": (0, 1 << 40, "the epoch to start in, e.g. epoch=0"),
 }
 PLAN_LRU = 2
-FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
-_PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_continuation", "add_bos", "add_eos",
-                  "min_len")
+"""Epochs whose plan and order stay in memory (the disk cache, ``impl.plan_cache``, holds the rest)."""
 
 
 def _open_store(store: TokenStore | SplitStore | str | os.PathLike[str]) -> TokenStore | SplitStore:
@@ -119,43 +104,6 @@ def _open_store(store: TokenStore | SplitStore | str | os.PathLike[str]) -> Toke
     require(isinstance(store, (str, os.PathLike)), ConfigError,
             f"store={store!r} must be a TokenStore or the path of one; build it with TokenStore.build(...)")
     return TokenStore.open(store)
-
-
-def _user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "loadspec" / "plans"
-
-
-def refuse_file_cache_dir(cache_dir: str | os.PathLike[str]) -> Path:
-    """``cache_dir`` as a Path, or a ``ConfigError`` when it (or a folder above it) is a file.
-
-    Why: creating a directory there fails with "File exists (errno 17)" or
-    "Not a directory (errno 20)", which names neither the argument nor the file.
-
-    >>> refuse_file_cache_dir(__file__)   # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    reference.errors.ConfigError: cache_dir=... is a file, not a directory; pass the path of a directory ...
-    """
-    path = Path(cache_dir)
-    for where in (path, *path.parents):
-        if where.exists():
-            require(where.is_dir(), ConfigError,
-                    f"cache_dir={str(path)!r} is a file, not a directory" + ("" if where == path else
-                    f" ({str(where)!r}, a folder above it, is a file)") + "; pass the path of a directory (it is "
-                    "created if missing), or remove the file")
-            break
-    return path
-
-
-def _writable_dir(path: Path) -> bool:
-    if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK):   # the usual case, without mkdir's failed call
-        return True
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(path, os.W_OK | os.X_OK)
 
 
 class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
@@ -200,17 +148,15 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         opened = _open_store(store)
         for name, value in (("seq_len", seq_len), ("seed", seed), ("window", window), ("pack_window", pack_window),
                             ("stride", stride), ("min_len", min_len), ("epoch", epoch)):
-            _check_bounded(name, value)
+            check_bounded(name, value)   # before the configs exist: their own checks would name the bounds less well
         if pad_id is not None:
-            _check_bounded("pad_id", pad_id)
+            check_bounded("pad_id", pad_id)
         require(packing in MODES, ConfigError,
                 f"packing={packing!r} is not a packing mode; choose one of {', '.join(MODES)}")
         if shuffle == "buffer":
             raise NotImplementedError(f"shuffle='buffer': {BUFFER_MESSAGE}")
         require(shuffle in SHUFFLES, ConfigError,
                 f"shuffle={shuffle!r} is not a shuffle; choose one of none, global, window")
-        require(is_integer(pack_window) and pack_window >= 1, ConfigError,
-                f"pack_window={pack_window!r} must be an integer >= 1 (documents per bin-packing window)")
         for name, wanted, ident, token in (("add_bos", add_bos, opened.bos_id, "BOS"),
                                            ("bos_on_continuation", bos_on_continuation, opened.bos_id, "BOS"),
                                            ("add_eos", add_eos, opened.eos_id, "EOS")):
@@ -219,6 +165,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                     f"{token} token); set {name}=False, or rebuild the store with a tokenizer that has a {token} token")
         if pad_id is None:
             pad_id = next((i for i in (opened.pad_id, opened.eos_id) if i is not None), 0)
+            check_bounded("pad_id", pad_id)
         config = PipelineConfig(
             packing=PackingConfig(seq_len=seq_len, mode=cast(Mode, packing), window=pack_window,
                                   overflow=cast(Overflow, overflow), stride=stride,
@@ -242,8 +189,13 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 f"config={config!r} must be a reference.resume.PipelineConfig")
         if config.ordering.kind == "buffer":
             raise NotImplementedError(f"ordering kind 'buffer': {BUFFER_MESSAGE}")
+        opened = _open_store(store)
+        p, o = config.packing, config.ordering
+        for name, value in (("epoch", epoch), ("seq_len", p.seq_len), ("pack_window", p.window), ("stride", p.stride),
+                            ("min_len", p.min_len), ("pad_id", p.pad_id), ("seed", o.seed), ("window", o.window)):
+            check_bounded(name, value)
         self = cls.__new__(cls)
-        self._setup(_open_store(store), config, cache_dir, epoch)
+        self._setup(opened, config, cache_dir, epoch)
         return self
 
     def _setup(self, store: TokenStore | SplitStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
@@ -253,13 +205,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         dataset before its first batch; what the first batch needs (its
         plan's blocks, the files its documents sit in) is read then.
         """
-        _check_bounded("epoch", epoch)
         data_fingerprint, store, config = split_pipeline(store, config)   # SPLIT-8: a split reads a view of the store
-        p, o = config.packing, config.ordering
-        for name in ("seq_len", "window", "stride", "min_len", "pad_id"):
-            _check_bounded("pack_window" if name == "window" else name, getattr(p, name))
-        _check_bounded("seed", o.seed)
-        _check_bounded("window", o.window)
+        p = config.packing
         options = store.meta.get("options") or {}
         for name, token in (("add_bos", "BOS"), ("add_eos", "EOS")):
             require(not (getattr(p, name) and options.get(name)), ConfigError,
@@ -274,7 +221,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         #: The fingerprint's components (RES-8): a refused state names the ones that differ.
         self.fingerprint_parts = pipeline_parts(data_fingerprint, config)
         self._cache_arg = cache_dir
-        self._cache_dir = self._resolve_cache_dir(cache_dir)
+        self._plan_cache = PlanCache(plan_cache_dir(cache_dir, store.path))
         self._file_sizes = list(store.file_document_counts)
         self._fixed_samples: int | None = None
         self._counts: dict[int, int] = {}
@@ -320,7 +267,6 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         """
         p = self.config.packing
         store = self.store
-        L = p.seq_len
         where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
         if isinstance(store, SplitStore):
             where = (f"split={store.notation!r} of the store at {store.path} (documents {store.rows.start} to "
@@ -333,10 +279,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         else:
             kept, n = totals
             self._refuse_empty(where, kept, n)
-            if p.mode in ("concat", "chunk"):
-                self._fixed_samples = max(0, (n - 1) // L) if p.mode == "concat" else n // (L + 1)
-            elif p.mode == "none" and not p.splits:
-                self._fixed_samples = kept
+            self._fixed_samples = closed_form_samples(p, kept, n)
             return
         plan = self.plan(self.epoch)
         if plan.num_samples == 0:
@@ -361,20 +304,6 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 "token after BOS/EOS are added, and a label is the next token of the same document, so every label "
                 f"would be -100 (a NaN loss); set add_eos=True or add_bos=True{wider}, or build the store from longer "
                 "documents")
-
-    def _resolve_cache_dir(self, cache_dir: Any) -> Path | None:
-        if cache_dir is False:
-            return None
-        if cache_dir is not None and cache_dir is not True:
-            path = refuse_file_cache_dir(cache_dir)
-            require(_writable_dir(path), ConfigError,
-                    f"cache_dir={str(path)!r} cannot be created or written; pass a writable directory, or "
-                    "cache_dir=False to keep plans in memory only")
-            return path
-        for candidate in (Path(self.store.path) / ".plans", _user_cache_dir()):
-            if _writable_dir(candidate):
-                return candidate
-        return None
 
     # ------------------------------------------------------------ pickling (DataLoader workers under spawn)
 
@@ -417,28 +346,18 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         return 0 if self.config.ordering.kind == "sequential" else int(epoch)
 
     def plan_key(self, epoch: int) -> str:
-        """sha256 naming epoch ``epoch``'s plan: store fingerprint, plan-relevant config fields, epoch, format."""
+        """sha256 naming epoch ``epoch``'s plan (``impl.plan_cache.plan_key``), kept for the last 64 plan epochs."""
         plan_epoch = self._plan_epoch(epoch)
         key = self._plan_keys.get(plan_epoch)
-        if key is not None:
-            return key
-        o = self.config.ordering
-        ordering = ({"kind": "sequential"} if o.kind == "sequential"          # asdict's deep copy: ~20 us of a resume
-                    else {field.name: getattr(o, field.name) for field in dataclasses.fields(o)})
-        packing = {name: getattr(self.config.packing, name) for name in _PLAN_RELEVANT}
-        payload = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "store": self.store.fingerprint,
-                   "ordering": ordering, "packing": packing, "epoch": self._plan_epoch(epoch)}
-        key = self._plan_keys[plan_epoch] = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-        if len(self._plan_keys) > 64:
-            self._plan_keys.clear()
+        if key is None:
+            key = self._plan_keys[plan_epoch] = plan_key(self.store.fingerprint, self.config, plan_epoch)
+            if len(self._plan_keys) > 64:
+                self._plan_keys.clear()
         return key
 
     def plan_paths(self, epoch: int) -> tuple[Path, Path] | None:
         """``(npy, json sidecar)`` of epoch ``epoch``'s cached plan, or None without a cache directory."""
-        if self._cache_dir is None:
-            return None
-        stem = f"plan-{self.plan_key(epoch)[:40]}"
-        return self._cache_dir / f"{stem}.npy", self._cache_dir / f"{stem}.json"
+        return self._plan_cache.paths(self.plan_key(epoch))
 
     def order(self, epoch: int) -> EpochOrder:
         """Epoch ``epoch``'s document order as random access (kept for the last two epochs)."""
@@ -460,7 +379,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if plan is not None:
             self._plans.move_to_end(epoch)
             return plan
-        plan = self._load_or_compute(epoch)
+        plan = self._plan_cache.load_or_compute(self._plan_entry(epoch), lambda: self.compute_plan(epoch))
         if self._fixed_samples is not None and plan.num_samples != self._fixed_samples:
             raise StoreCorruptError(
                 f"token store {self.store.path}: {META_FILE} counts ({self.store.num_documents} documents, "
@@ -479,103 +398,11 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             key = bin_key(self.config.ordering.seed, self._plan_epoch(epoch))
         return pack_plan(lengths, self.config.packing, key=key)
 
-    def _load_or_compute(self, epoch: int) -> PackPlan:
-        paths = self.plan_paths(epoch)
-        if paths is None:
-            return self.compute_plan(epoch)
-        plan = self._read_cached(epoch, *paths)
-        if plan is not None:
-            return plan
-        return self._compute_and_cache(epoch, *paths)
-
-    def _compute_and_cache(self, epoch: int, npy: Path, sidecar: Path, *, stale: bool = False) -> PackPlan:
-        """The plan computed and written to the cache (under its lock; another process may have written it first)."""
-        try:
-            with file_lock(lock_path_for(npy)):
-                plan = None if stale else self._read_cached(epoch, npy, sidecar)
-                if plan is None:
-                    plan = self.compute_plan(epoch)
-                    self._write_cached(epoch, plan, npy, sidecar)
-                    plan = self._read_cached(epoch, npy, sidecar) or plan
-        except OSError as exc:
-            warnings.warn(f"could not cache the epoch plan in {self._cache_dir} ({exc}); keeping it in memory. "
-                          "Pass a writable cache_dir to share plans across processes", RuntimeWarning, stacklevel=3)
-            plan = self.compute_plan(epoch)
-        return plan
-
-    def _recover(self, epoch: int, npy: Path, sidecar: Path) -> dict[str, np.ndarray]:
-        """A cached plan failed a block check while in use: recompute it, rewrite the cache, hand back the arrays."""
-        warnings.warn(f"the cached epoch plan {npy} is corrupt (a block failed its CRC-32); recomputing it",
-                      RuntimeWarning, stacklevel=4)
-        plan = self.compute_plan(epoch)
-        try:
-            with file_lock(lock_path_for(npy)):
-                self._write_cached(epoch, plan, npy, sidecar)
-        except OSError:
-            pass
-        return plan.arrays
-
-    def _sidecar_expected(self, epoch: int) -> dict[str, Any]:
-        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "key": self.plan_key(epoch),
-                "mode": self.config.packing.mode, "seq_len": self.config.packing.seq_len, "block": PLAN_BLOCK}
-
-    def _write_cached(self, epoch: int, plan: PackPlan, npy: Path, sidecar: Path) -> None:
-        """The plan as one flat int64 ``.npy`` and a JSON sidecar: layout, size and one CRC-32 per ``PLAN_BLOCK`` values.
-
-        The sidecar is written after the ``.npy`` (both atomically), so a
-        sidecar always describes a complete file; a reader checks a block's
-        CRC the first time it reads from the block.
-        """
-        fields = STREAM_FIELDS if plan.mode in STREAM_MODES else BIN_FIELDS
-        arrays = [np.asarray(plan.arrays[name], dtype=np.int64) for name in fields]
-        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
-        buf = io.BytesIO()
-        np.save(buf, flat, allow_pickle=False)
-        data = buf.getvalue()
-        atomic_write_bytes(npy, data)
-        layout, at = [], 0
-        for name, arr in zip(fields, arrays):
-            layout.append([name, at, len(arr)])
-            at += len(arr)
-        blocks = [crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)]
-        meta = dict(self._sidecar_expected(epoch), fields=layout, npy_bytes=len(data), values=len(flat),
-                    block_crc32=blocks, epoch=self._plan_epoch(epoch), store_fingerprint=self.store.fingerprint,
-                    config=self.config.to_json())
-        atomic_write_json(sidecar, meta)
-
-    def _read_cached(self, epoch: int, npy: Path, sidecar: Path) -> PackPlan | None:
-        """The cached plan if its sidecar and size match, checked block by block as it is read; None otherwise.
-
-        Why per block and CRC-32: the check guards against a torn or
-        bit-rotted file (the atomic rename already rules out a half-written
-        one), not an adversary, and it runs in every fresh loader on the
-        resume path. Checking the whole file first cost ~6 ms at 1M
-        documents, more than the rest of a resume; a batch reads a few
-        64 KiB blocks, each checked on its first use (``PackPlan``'s
-        ``verify``). A block that fails makes the plan recompute itself
-        (and the cache file be rewritten), never serve the block.
-        """
-        try:
-            meta = json.loads(sidecar.read_bytes())
-            if not isinstance(meta, dict):
-                return None
-            expected = self._sidecar_expected(epoch)
-            if any(meta.get(k) != v for k, v in expected.items()):
-                return None
-            flat = _map_npy(npy, meta["values"], meta["npy_bytes"])   # None unless the file has that size
-            layout, crcs = meta["fields"], meta["block_crc32"]
-            if (flat is None or sum(n for _, _, n in layout) != len(flat)
-                    or len(crcs) != -(-len(flat) // PLAN_BLOCK)):
-                return None
-            arrays = {name: flat[at:at + n] for name, at, n in layout}
-            verify = _BlockCheck(flat, {name: at for name, at, _ in layout}, crcs)
-            return PackPlan(self.config.packing.mode, self.config.packing.seq_len, arrays, verify=verify,
-                            recover=lambda: self._recover(epoch, npy, sidecar))
-        except PlanCorruptError as exc:
-            warnings.warn(f"the cached epoch plan {npy} is corrupt ({exc}); recomputing it", RuntimeWarning, stacklevel=4)
-            return None
-        except (OSError, ValueError, KeyError, TypeError, ConfigError):
-            return None
+    def _plan_entry(self, epoch: int) -> PlanEntry:
+        p = self.config.packing
+        return PlanEntry(key=self.plan_key(epoch), mode=p.mode, seq_len=p.seq_len,
+                         provenance={"epoch": self._plan_epoch(epoch), "store_fingerprint": self.store.fingerprint,
+                                     "config": self.config.to_json()})
 
     # ------------------------------------------------------------ samples
 
@@ -621,14 +448,14 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 out = materialize_batch(self.plan(epoch), indices, p, self.source, self.order(epoch), segments=True,
                                         first_document=self.first_document)
             else:   # only padding keys: no plan needed
-                out = _padding_batch(len(indices), p)
+                out = padding_rows(len(indices), p)
         else:
-            out = _padding_batch(len(indices), p)
+            out = padding_rows(len(indices), p)
             for epoch in groups:
                 rows = np.flatnonzero(real & (epochs == epoch))
                 part = materialize_batch(self.plan(epoch), indices[rows], p, self.source, self.order(epoch),
                                          first_document=self.first_document)
-                for name in FIELDS:
+                for name in BATCH_FIELDS:
                     out[name][rows] = part[name]
         cu: Any = out.pop("cu_seqlens", None)
         max_seqlen: Any = out.pop("max_seqlen", None)
@@ -654,7 +481,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         resolved = resolve_keys(keys, self._resolve, self.num_samples)
         if resolved is None:   # a key beyond int64: stack the rows one by one
             rows = [self.sample(*self._resolve(k)) for k in keys]
-            out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*FIELDS, "epoch", "sample_index")}
+            out: dict[str, Any] = {name: np.stack([r[name] for r in rows]) for name in (*BATCH_FIELDS, "epoch", "sample_index")}
             out["cu_seqlens"], out["max_seqlen"] = batch_cu_seqlens(out["position_ids"], out["doc_ids"])
             return out
         return self._rows(*resolved)
@@ -684,78 +511,19 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                             for name, value in self._batch(keys).items()})
 
 
-@functools.lru_cache(maxsize=16)
-def _npy_header(values: int) -> bytes:
-    """The header ``np.save`` writes before ``values`` int64 values (a plan file is exactly that header, then the values)."""
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)),
-                                               "fortran_order": False, "shape": (values,)})
-    return buf.getvalue()
+def check_bounded(name: str, value: Any) -> None:
+    """ConfigError unless ``value`` is an integer (never a bool or float) within ``_BOUNDS[name]``.
 
+    The one check of ``seq_len`` and the other sized arguments: each
+    constructor (``PackedDataset(...)``, ``PackedDataset.from_config``,
+    ``impl.hf.HuggingFaceDataset`` before it tokenizes) runs it once per value.
 
-def _map_npy(path: Path, values: int, size: int) -> np.ndarray | None:
-    """The int64 values of a plan ``.npy`` as a read-only view of its mapped pages; None unless its header is ``np.save``'s.
-
-    Why not ``np.load(mmap_mode="r")``: it costs ~0.5 ms (``np.memmap``'s
-    machinery) on the resume path; one ``mmap`` and a header comparison do
-    the same check in microseconds.
+    >>> check_bounded("seq_len", 0)
+    Traceback (most recent call last):
+    ...
+    reference.errors.ConfigError: seq_len=0 must be an integer in [1, 16777216] (input positions per sample, e.g. seq_len=2048)
     """
-    header = _npy_header(values)
-    if size != len(header) + 8 * values:
-        return None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if size == len(header):
-            return np.zeros(0, dtype=np.int64) if os.read(fd, size + 1) == header else None
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    finally:
-        os.close(fd)
-    if len(mapped) != size or mapped[:len(header)] != header:
-        return None
-    return np.frombuffer(mapped, dtype=np.int64, count=values, offset=len(header))
-
-
-class _BlockCheck:
-    """A cached plan's :data:`impl.packing.Verifier`: CRC-32 of each ``PLAN_BLOCK``-value block, on its first read.
-
-    >>> flat = np.arange(3 * PLAN_BLOCK, dtype=np.int64)
-    >>> check = _BlockCheck(flat, {"cum": 0}, [crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)])
-    >>> check("cum", 5, PLAN_BLOCK); check.ok.tolist()     # values 5 .. PLAN_BLOCK: blocks 0 and 1
-    [True, True, False]
-    """
-
-    __slots__ = ("crcs", "flat", "ok", "starts")
-
-    def __init__(self, flat: np.ndarray, starts: dict[str, int], crcs: list[int]) -> None:
-        self.flat = flat
-        self.starts = starts
-        self.crcs = crcs
-        self.ok = np.zeros(len(crcs), dtype=bool)
-
-    def __call__(self, field: str, first: int, last: int) -> None:
-        at = self.starts[field]
-        b0, b1 = (at + first) // PLAN_BLOCK, (at + last) // PLAN_BLOCK
-        if b0 == b1:
-            if self.ok[b0]:
-                return
-        elif self.ok[b0:b1 + 1].all():
-            return
-        for b in range(b0, b1 + 1):
-            if self.ok[b]:
-                continue
-            if crc32(self.flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK].data) != self.crcs[b]:
-                raise PlanCorruptError(f"block {b} of a cached plan failed its CRC-32")
-            self.ok[b] = True
-
-
-def _check_bounded(name: str, value: Any) -> None:
-    """ConfigError unless ``value`` is an integer (never a bool or float) within ``_BOUNDS[name]``."""
     lo, hi, what = _BOUNDS[name]
     if not (is_integer(value) and lo <= value <= hi):   # the message only on failure: construction checks ~15 values
         raise ConfigError(f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")
-
-
-def _padding_batch(rows: int, p: PackingConfig) -> dict[str, np.ndarray]:
-    """``rows`` padding samples (``impl.partition.padding_rows``), int64 ``[rows, seq_len]``."""
-    return padding_rows(rows, p)
 

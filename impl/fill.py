@@ -47,10 +47,10 @@ from impl._arrays import demand_zero, distinct_ints, exclusive_cumsum, ranges
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, require
 from impl.packing import PackPlan
+from impl.schema import BATCH_DTYPE, BATCH_FIELDS, padding_values
 from reference.packing import IGNORE, NO_DOC, NO_OFFSET, STREAM_MODES, PackingConfig
 
 __all__ = [
-    "BATCH_FIELDS",
     "SLICE_MIN_WIDTH",
     "TokenSource",
     "fill_batch",
@@ -62,7 +62,6 @@ _I64 = np.int64
 SLICE_MIN_WIDTH = 16
 """``TokenSource.gather`` copies a file's runs one slice each when they average at least this many tokens; otherwise
 it fancy-indexes every token at once (faster for many tiny runs)."""
-BATCH_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 
 _NO_TOKENS = np.zeros(0, dtype=_I64)
 Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
@@ -404,9 +403,9 @@ def _rows_block(rows: int, config: PackingConfig, *, padded: bool) -> dict[str, 
     Why one block: one allocation instead of five (fewer page faults for
     fresh memory, which dominate when every batch is new memory).
     """
-    block = np.empty((len(BATCH_FIELDS), rows, config.seq_len), dtype=_I64)
+    block = np.empty((len(BATCH_FIELDS), rows, config.seq_len), dtype=BATCH_DTYPE)
     if padded:
-        for field, value in zip(block, (config.pad_id, IGNORE, 0, NO_DOC, NO_OFFSET)):
+        for field, value in zip(block, padding_values(config)):
             field.fill(value)
     return dict(zip(BATCH_FIELDS, block))
 

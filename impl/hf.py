@@ -53,9 +53,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from impl.dataset import PackedDataset, refuse_file_cache_dir
+from impl.dataset import PackedDataset, check_bounded
 from impl.encoding import eos_suggestion, resolve_tokenizer
-from impl.errors import ConfigError, EmptyDataError, TokenizerError, is_int, require
+from impl.errors import ConfigError, EmptyDataError, TokenizerError, require
+from impl.plan_cache import refuse_file_cache_dir
 from impl.store import TokenStore
 from reference.resume import canonical_json
 
@@ -215,8 +216,7 @@ class HuggingFaceDataset(PackedDataset):
                  eos_token: str | None = None, shuffle: str = "none", seed: int = 0, window: int = 1024,
                  num_proc: int | None = 1, progress: bool | None = None,
                  load_kwargs: Mapping[str, Any] | None = None) -> None:
-        require(is_int(seq_len) and seq_len >= 1, ConfigError,
-                f"seq_len={seq_len!r} must be an integer >= 1 (input positions per sample), e.g. seq_len=2048")
+        check_bounded("seq_len", seq_len)   # before tokenizing: PackedDataset's own check comes after it
         split_ds = load_split(dataset, split, config_name=config_name, load_kwargs=load_kwargs)
         tok = prepare_tokenizer(tokenizer, eos_token)
         store = tokenize_split(split_ds, tok, cache_dir, text_field=text_field, num_proc=num_proc, progress=progress)

@@ -26,11 +26,14 @@ from torch.utils.data import Dataset
 
 from impl._arrays import distinct_ints, exclusive_cumsum, ranges
 from impl.collation import SampleBatch, batch_cu_seqlens
-from impl.dataset import PackedDataset, SampleKey
+from impl.dataset import PackedDataset
+from impl.epoch_cell import SharedEpoch
 from impl.errors import ConfigError, TopologyError, is_integer, require
 from impl.fill import TokenSource, fill_batch
+from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.mixing import MixPlan, balance_remaining, check_distinct_sources, check_mixture_weights, mix_plan
-from impl.partition import SharedEpoch, padding_rows, resolve_key, resolve_keys
+from impl.schema import BATCH_FIELDS as FIELDS
+from impl.schema import padding_rows
 from impl.streams import check_batching, stream_plan
 from reference.mixing import STOPPING_STRATEGIES, MixConfig, WeightFn
 from reference.packing import PackingConfig
@@ -48,7 +51,6 @@ from reference.streams import StreamConfig
 __all__ = ["MixedDataset", "SampleKey", "interleave_datasets"]
 
 _I64 = np.int64
-FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
 
 
 PIECE_BLOCK = 1024

@@ -63,11 +63,13 @@ __all__ = [
     "best_fit_bins",
     "bin_key",
     "chunk_arrays",
+    "closed_form_samples",
     "first_fit_bins",
     "greedy_bins",
     "kept_lengths",
     "num_samples",
     "pack_plan",
+    "stream_samples",
 ]
 
 _I64 = np.int64
@@ -283,7 +285,7 @@ class PackPlan:
             n = int(cum[-1])
             if int(cum[0]) != 0 or n < 0 or len(self.arrays["kept"]) != len(cum) - 1:
                 raise PlanCorruptError("a stream plan's cumulative lengths do not start at 0 or do not match kept")
-            return max(0, (n - 1) // self.seq_len) if self.mode == "concat" else n // (self.seq_len + 1)
+            return stream_samples(self.mode, self.seq_len, n)
         ptr = self.arrays["sample_ptr"]
         if len(ptr):
             self._checked("sample_ptr", 0, 0)
@@ -473,6 +475,35 @@ def pack_plan(lengths: np.ndarray | Sequence[int], config: PackingConfig, *, key
     return _bin_plan(kept, prepared, config, key)
 
 
+def stream_samples(mode: str, seq_len: int, tokens: int) -> int:
+    """Samples a stream mode cuts from ``tokens`` kept prepared tokens (PACK-20): the one formula impl uses.
+
+    ``concat``: ``(n - 1) // L`` (each sample's labels reach one token past
+    its inputs); ``chunk``: ``n // (L + 1)`` (disjoint windows of ``L + 1``).
+
+    >>> stream_samples("concat", 4, 10), stream_samples("chunk", 4, 10), stream_samples("concat", 4, 0)
+    (2, 2, 0)
+    """
+    return max(0, (tokens - 1) // seq_len) if mode == "concat" else tokens // (seq_len + 1)
+
+
+def closed_form_samples(config: PackingConfig, documents: int, tokens: int) -> int | None:
+    """Samples of an epoch from its kept ``documents`` and their prepared ``tokens`` alone; None when the plan decides.
+
+    Stream modes count tokens (:func:`stream_samples`); ``none`` without
+    splitting is one sample per kept document; the bin modes, and ``none``
+    splitting long documents, need the lengths (None).
+
+    >>> closed_form_samples(PackingConfig(seq_len=4), 3, 10), closed_form_samples(PackingConfig(seq_len=4, mode="greedy"), 3, 10)
+    (2, None)
+    """
+    if config.mode in STREAM_MODES:
+        return stream_samples(config.mode, config.seq_len, tokens)
+    if config.mode == "none" and not config.splits:
+        return documents
+    return None
+
+
 def num_samples(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> int:
     """``reference.packing.num_samples``: closed forms for concat, chunk and none; the plan for bin modes.
 
@@ -483,14 +514,10 @@ def num_samples(lengths: np.ndarray | Sequence[int], config: PackingConfig) -> i
     (2, 4)
     """
     _, prepared = kept_lengths(lengths, config)
-    n, L = int(prepared.sum()), config.seq_len
-    if config.mode == "concat":
-        return max(0, (n - 1) // L)
-    if config.mode == "chunk":
-        return n // (L + 1)
+    count = closed_form_samples(config, len(prepared), int(prepared.sum()))
+    if count is not None:
+        return count
     if config.mode == "none":
-        if not config.splits:
-            return len(prepared)
-        step = config.continuation_room - config.stride
+        L, step = config.seq_len, config.continuation_room - config.stride
         return int(np.where(prepared <= L, 1, 1 + (prepared - L + step - 1) // step).sum())
     return pack_plan(lengths, config).num_samples

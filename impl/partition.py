@@ -3,7 +3,7 @@
 Conforms to PART-1 .. PART-12 (docs/SEMANTICS.md, "Partition across ranks")
 and, through the loader that owns the position, RES-4 / RES-5 / RES-7
 ("Resume"). The arithmetic (``group_batch``, ``advance``,
-``steps_in_epoch``, ``padding_rows``) is impl's own, in O(B) per step and
+``steps_in_epoch``, ``trained_end``) is impl's own, in O(B) per step and
 O(1) per count; conformance compares it with ``reference.partition`` on
 generated inputs.
 
@@ -36,55 +36,15 @@ Worked example (S = 10 samples, 2 ranks, B = 2, so G = 4)::
 
 from __future__ import annotations
 
-import operator
-import os
-import warnings
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, Self, SupportsIndex
+from collections.abc import Callable, Iterator
+from typing import Any
 
-import numpy as np
-import torch
-
-from impl._arrays import distinct_ints
-from impl.errors import ConfigError, SharedEpochError, StateError, TopologyError, is_int, is_integer, require
-from reference.packing import IGNORE, NO_DOC, NO_OFFSET, PackingConfig
+from impl.errors import ConfigError, StateError, TopologyError, is_int, require
+from impl.keys import SampleKey
 from reference.partition import END_POLICIES, PADDING, PartitionConfig
 
-__all__ = ["PADDING_FIELDS", "ElasticSampler", "SampleKey", "SharedEpoch", "advance", "distributed_topology", "group_batch",
-           "padding_rows", "resolve_end", "resolve_key", "resolve_keys", "steps_in_epoch", "trained_end"]
-
-
-class SampleKey(NamedTuple):
-    """Which sample to compute: ``index`` of epoch ``epoch``'s global stream; ``index == -1`` (PADDING) is padding.
-
-    Defined here, where keys are made; ``impl.dataset`` re-exports it.
-    """
-
-    epoch: int
-    index: int  # type: ignore[assignment]  # shadows tuple.index; the field name is the public API
-
-
-PADDING_FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")
-"""The token fields of a sample, in the order ``padding_rows`` returns them."""
-
-
-def padding_rows(rows: int, config: PackingConfig) -> dict[str, np.ndarray]:
-    """``rows`` padding samples (PART-5), int64 ``[rows, seq_len]`` per field: fully masked, of no document.
-
-    What a ``pad`` end policy hands out in a slot past the epoch's last
-    sample: ``pad_id`` inputs, ``IGNORE`` labels, position 0 (every position
-    starts a segment), doc id and token offset -1.
-
-    >>> from reference.packing import PackingConfig
-    >>> out = padding_rows(2, PackingConfig(seq_len=3, pad_id=9))
-    >>> out["input_ids"].tolist(), out["labels"][0].tolist(), out["doc_ids"].shape
-    ([[9, 9, 9], [9, 9, 9]], [-100, -100, -100], (2, 3))
-    """
-    require(is_int(rows) and rows >= 0, ConfigError, f"rows={rows!r} must be an integer >= 0")
-    shape = (rows, config.seq_len)
-    fills = (config.pad_id, IGNORE, 0, NO_DOC, NO_OFFSET)
-    return {name: np.full(shape, fill, dtype=np.int64) for name, fill in zip(PADDING_FIELDS, fills)}
+__all__ = ["ElasticSampler", "advance", "distributed_topology", "group_batch", "resolve_end", "steps_in_epoch",
+           "trained_end"]
 
 
 def resolve_end(dataset: Any, end: str | None) -> str:
@@ -172,174 +132,6 @@ def group_batch(consumed: int, num_samples: int, config: PartitionConfig, group:
         return []
     first = consumed + group * share
     return list(range(first, first + share))
-
-
-def resolve_keys(keys: Sequence[Any], resolve: Callable[[Any], tuple[int, int]],
-                 num_samples: Callable[[int], int]) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(epochs, indices)`` int64 of a batch of keys, each checked as ``resolve`` checks one key (same errors).
-
-    One rule for every keyed dataset's batch path (``PackedDataset``,
-    ``MixedDataset``): ``SampleKey``s of plain ints (what ``ElasticSampler``
-    yields) are checked together (epochs >= 0, indices in ``[-1,
-    num_samples(epoch))``), any other key goes through ``resolve``. On a bad
-    key the keys are resolved one by one, so the error is the one
-    ``ds[key]`` raises for the first bad key. None when a value does not fit
-    int64 (every key resolved alone first; the caller decides).
-
-    >>> resolve_keys([SampleKey(0, 3), SampleKey(0, -1)], lambda k: k, lambda e: 10)
-    (array([0, 0]), array([ 3, -1]))
-    """
-    pairs = [k if type(k) is SampleKey and type(k[0]) is int and type(k[1]) is int else resolve(k) for k in keys]
-    try:
-        arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-    except OverflowError:
-        for key in keys:
-            resolve(key)
-        return None
-    epochs, indices = arr[:, 0], arr[:, 1]
-    if len(arr) and not _keys_in_range(epochs, indices, num_samples):
-        for key in keys:
-            resolve(key)
-        raise AssertionError(f"keys {keys!r} failed the batch check but none fails alone")  # pragma: no cover
-    return epochs, indices
-
-
-def _keys_in_range(epochs: np.ndarray, indices: np.ndarray, num_samples: Callable[[int], int]) -> bool:
-    if int(epochs.min()) < 0 or int(indices.min()) < PADDING:
-        return False
-    real = indices != PADDING
-    return all(int(indices[real & (epochs == e)].max()) < num_samples(e) for e in distinct_ints(epochs[real]))
-
-
-class SharedEpoch:
-    """The epoch a plain int index refers to, held in one shared-memory int64: a mixin of the keyed datasets.
-
-    Why shared memory: a plain ``DataLoader(ds, num_workers=2,
-    persistent_workers=True)`` keeps the copies of the dataset its workers got
-    when they started, so an attribute set by ``ds.set_epoch(1)`` in the
-    training process never reaches them and epoch 0 repeats. The cell is
-    shared with forked workers (inherited mapping) and spawned ones (torch's
-    pickler shares the storage); plain ``pickle`` copies the value. Keys that
-    carry their epoch (``SampleKey``, what ``build_dataloader`` uses) do not
-    need it.
-
-    Why the cell is allocated late: allocating it (a shared-memory file)
-    costs ~0.1 ms, a twentieth of a fresh resume, and a process without
-    workers never needs it. Until a copy of the dataset can leave the
-    process the epoch is a plain attribute; the cell is made, holding that
-    epoch, just before any ``os.fork`` (``os.register_at_fork``: forked
-    workers inherit it) and when the dataset is pickled or copied
-    (``__reduce_ex__``: spawned workers share it).
-
-    If the cell cannot be allocated before a fork, the fork goes ahead (a
-    fork hook cannot refuse) with a ``RuntimeWarning``, and every later
-    ``set_epoch`` raises ``SharedEpochError``: forked workers would not see it.
-
-    >>> class Keyed(SharedEpoch): pass
-    >>> ds = Keyed(); ds.set_epoch(3); ds.epoch
-    3
-    """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
-        self = super().__new__(cls)
-        _UNSHARED[id(self)] = self     # every instance, so a fork shares even an epoch that was never set
-        return self
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch a plain int index refers to (keys carry their own), in this process and in DataLoader workers."""
-        require(is_integer(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
-        self.epoch = int(epoch)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of plain int indices (0 until ``set_epoch``)."""
-        state = self.__dict__
-        cell = state.get("_epoch_cell")
-        return int(state.get("_epoch_value", 0)) if cell is None else int(cell.item())
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        cell = self.__dict__.get("_epoch_cell")
-        if cell is None:
-            failure = self.__dict__.get("_share_failure")
-            if failure is not None:
-                raise SharedEpochError(
-                    f"set_epoch({value}) cannot reach this dataset's forked workers: its epoch could not be put in "
-                    f"shared memory before the fork ({failure}); free shared memory (/dev/shm) and restart the "
-                    "workers, or use build_dataloader, whose keys carry their epoch")
-            self._epoch_value = int(value)   # shared before a fork: __new__ registered every instance
-        else:
-            cell.fill_(int(value))
-
-    def _share_epoch(self) -> torch.Tensor:
-        """The shared-memory cell of the epoch, allocated now if it was not yet (holding the current epoch)."""
-        cell: torch.Tensor | None = self.__dict__.get("_epoch_cell")
-        if cell is None:
-            cell = torch.tensor(self.epoch, dtype=torch.int64).share_memory_()
-            self._epoch_cell = cell
-            self.__dict__.pop("_epoch_value", None)
-            _UNSHARED.pop(id(self), None)
-        return cell
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
-        self._share_epoch()
-        return super().__reduce_ex__(protocol)
-
-
-_UNSHARED: weakref.WeakValueDictionary[int, SharedEpoch] = weakref.WeakValueDictionary()
-"""The live ``SharedEpoch`` objects whose epoch is not in shared memory yet (keyed by ``id``: datasets need not hash)."""
-
-
-def _share_before_fork() -> None:
-    for dataset in list(_UNSHARED.values()):
-        try:
-            dataset._share_epoch()
-        except (OSError, RuntimeError) as exc:   # a fork hook cannot refuse the fork: so set_epoch refuses later
-            dataset.__dict__["_share_failure"] = f"{type(exc).__name__}: {exc}"
-            _UNSHARED.pop(id(dataset), None)
-            warnings.warn(f"{type(dataset).__name__}'s epoch could not be put in shared memory before os.fork "
-                          f"({type(exc).__name__}: {exc}); set_epoch will refuse, as forked workers would not see it",
-                          RuntimeWarning, stacklevel=2)
-
-
-os.register_at_fork(before=_share_before_fork)
-
-
-def resolve_key(key: Any, epoch: int, num_samples: Callable[[int], int], what: str = "") -> tuple[int, int]:
-    """``(epoch, index)`` of a dataset key: a ``SampleKey(epoch, index)`` or an int index into ``epoch``.
-
-    One rule for every dataset that takes keys (``PackedDataset``,
-    ``MixedDataset``): a key's index is in ``[0, num_samples(epoch))`` or
-    ``PADDING``; an int counts from the end when negative, like a list.
-    ``what`` names the dataset in errors (e.g. ``" of the mixture"``).
-
-    >>> resolve_key(SampleKey(1, 3), 0, lambda e: 10), resolve_key(-1, 2, lambda e: 10)
-    ((1, 3), (2, 9))
-    """
-    if isinstance(key, tuple):
-        require(len(key) == 2, ConfigError, f"key={key!r} must be SampleKey(epoch, index) or an int index")
-        key_epoch, index = key
-        require(is_integer(key_epoch) and key_epoch >= 0, ConfigError, f"key epoch={key_epoch!r} must be an integer >= 0")
-        require(is_integer(index), ConfigError, f"key index={index!r} must be an integer (-1 for padding)")
-        key_epoch, index = int(key_epoch), int(index)
-        if index != PADDING:
-            total = num_samples(key_epoch)
-            if not 0 <= index < total:
-                raise IndexError(f"SampleKey({key_epoch}, {index}): epoch {key_epoch}{what} has {total} samples "
-                                 f"(indices 0..{total - 1}; -1 is the padding sample)")
-        return key_epoch, index
-    if isinstance(key, (bool, np.bool_)):
-        raise TypeError(f"index {key!r} is a bool; pass an int or a SampleKey(epoch, index)")
-    try:
-        index = operator.index(key)
-    except TypeError:
-        raise TypeError(f"index must be an int or a SampleKey(epoch, index), not {type(key).__name__}") from None
-    total = num_samples(epoch)
-    if index < 0:
-        index += total
-    if not 0 <= index < total:
-        raise IndexError(f"index {key} out of range: epoch {epoch}{what} has {total} samples")
-    return epoch, index
 
 
 def _check_position(consumed: int, num_samples: int) -> None:

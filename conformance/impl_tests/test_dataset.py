@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_raises_typed, check
 from conformance.budget import kit_settings
-from impl.dataset import PLAN_BLOCK, PackedDataset, SampleKey
+from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError
+from impl.plan_cache import PLAN_BLOCK
 from impl.store import TokenStore
 from reference.collation import cu_seqlens as reference_cu_seqlens
 from reference.ordering import OrderingConfig

@@ -27,8 +27,9 @@ from conformance.adapters.impl import build_packed_dataset, rows_from_batch
 from conformance.assertions import assert_equal, assert_raises_typed, check
 from impl.collation import collate, cu_seqlens, pad_stack_1d
 from impl.errors import ConfigError, StateError, TopologyError
+from impl.keys import SampleKey
 from impl.loader import ElasticLoader, build_dataloader, collate_to_numpy, tensors_from_numpy
-from impl.partition import ElasticSampler, SampleKey, group_batch
+from impl.partition import ElasticSampler, group_batch
 from reference import collation as ref_collation
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
@@ -521,6 +522,7 @@ def test_the_sampler_keeps_no_position_and_starts_where_the_loader_is():
        data=st.data())
 def test_impl_partition_arithmetic_equals_the_reference(total, world, batch, end, data):
     from impl import partition as ip
+    from impl import schema
     from reference import partition as rp
     from reference.resume import padding_sample
 
@@ -533,8 +535,8 @@ def test_impl_partition_arithmetic_equals_the_reference(total, world, batch, end
                  clause="PART-10", what="steps_in_epoch", repro=rep)
     packing = PackingConfig(seq_len=batch + 1, pad_id=world)
     pad = padding_sample(packing)
-    rows_ = ip.padding_rows(2, packing)
-    for name in ip.PADDING_FIELDS:
+    rows_ = schema.padding_rows(2, packing)
+    for name in schema.BATCH_FIELDS:
         assert_equal(rows_[name].tolist(), [list(getattr(pad, name))] * 2, clause="PART-5", what=f"padding {name}",
                      repro={"packing": packing})
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from conformance.assertions import assert_equal, check
 from conformance.impl_tests.test_dataset import make_store
-from impl import dataset as dataset_module
+from impl import plan_cache as plan_cache_module
 from impl.dataset import PackedDataset
 from impl.store import TokenStore
 from reference.ordering import OrderingConfig
@@ -137,7 +137,7 @@ def test_a_bit_flipped_anywhere_in_a_cached_plan_file_never_reaches_a_sample(sto
                                  ordering=OrderingConfig(kind="global", seed=9))
     expected = all_samples(PackedDataset.from_config(stores["base"], config, cache_dir=False), 1)
     with tempfile.TemporaryDirectory() as cache, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dataset_module, "PLAN_BLOCK", 4)              # many blocks, so most are first read mid-epoch
+        mp.setattr(plan_cache_module, "PLAN_BLOCK", 4)              # many blocks, so most are first read mid-epoch
         PackedDataset.from_config(stores["base"], config, cache_dir=cache).plan(1)
         npy, _ = PackedDataset.from_config(stores["base"], config, cache_dir=cache).plan_paths(1)
         data = bytearray(npy.read_bytes())
@@ -154,7 +154,7 @@ def test_a_bit_flipped_anywhere_in_a_cached_plan_file_never_reaches_a_sample(sto
 
 @pytest.mark.clause("PACK-20")
 def test_a_block_failing_mid_epoch_recomputes_the_plan_once_and_rewrites_the_cache(stores, monkeypatch, tmp_path):
-    monkeypatch.setattr(dataset_module, "PLAN_BLOCK", 4)
+    monkeypatch.setattr(plan_cache_module, "PLAN_BLOCK", 4)
     config = dataclasses.replace(BASE, packing=dataclasses.replace(BASE.packing, mode="concat", stride=0),
                                  ordering=OrderingConfig(kind="global", seed=9))
     expected = all_samples(PackedDataset.from_config(stores["base"], config, cache_dir=False), 0)

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from conformance.assertions import assert_equal, check
-from impl import partition
+from impl import epoch_cell
 from impl.collation import SampleBatch, collate
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import SharedEpochError
@@ -121,12 +121,12 @@ def test_an_epoch_set_before_the_workers_start_reaches_them_and_so_does_the_next
 
 @pytest.mark.clause("RES-7")
 def test_a_subclass_that_never_sets_its_epoch_still_shares_it_with_forked_workers(monkeypatch):
-    class Keyed(partition.SharedEpoch):   # no __init__, no set_epoch before the fork
+    class Keyed(epoch_cell.SharedEpoch):   # no __init__, no set_epoch before the fork
         pass
 
     ds = Keyed()
-    monkeypatch.setattr(partition, "_UNSHARED", weakref.WeakValueDictionary({id(ds): ds}))   # this dataset only
-    partition._share_before_fork()
+    monkeypatch.setattr(epoch_cell, "_UNSHARED", weakref.WeakValueDictionary({id(ds): ds}))   # this dataset only
+    epoch_cell._share_before_fork()
     check("_epoch_cell" in ds.__dict__ and ds.epoch == 0, clause="RES-7",
           what="the epoch of a dataset never given one is in shared memory before a fork")
 
@@ -137,10 +137,10 @@ def test_set_epoch_refuses_when_the_epoch_could_not_be_shared_before_a_fork(make
     def fail(self):
         raise OSError(28, "No space left on device")
     with monkeypatch.context() as patch:
-        patch.setattr(partition, "_UNSHARED", weakref.WeakValueDictionary({id(ds): ds}))   # this dataset only
-        patch.setattr(partition.SharedEpoch, "_share_epoch", fail)
+        patch.setattr(epoch_cell, "_UNSHARED", weakref.WeakValueDictionary({id(ds): ds}))   # this dataset only
+        patch.setattr(epoch_cell.SharedEpoch, "_share_epoch", fail)
         with pytest.warns(RuntimeWarning, match="could not be put in shared memory"):
-            partition._share_before_fork()
+            epoch_cell._share_before_fork()
     with pytest.raises(SharedEpochError, match="cannot reach this dataset's forked workers.*No space left"):
         ds.set_epoch(1)
 

@@ -2,11 +2,10 @@
 
 ``distinct``: ``np.unique`` for the hot paths, without its first-call import of ``numpy.ma``.
 
-Why: ``np.unique`` imports ``numpy.ma`` the first time it runs in a process
-(10-20 ms here), so a freshly spawned rank paid it inside its first batch:
-the demo's ``resume_ms_max_over_ranks`` went from 5 ms to 19.5 ms when the
-first batch's path started calling it. A sort and a comparison give the same
-distinct values.
+Why: ``np.unique`` imports ``numpy.ma`` the first time it runs in a process,
+so a freshly spawned rank would pay that import inside its first batch,
+several times the rest of a resume (benchmarks/README.md, "Design figures").
+A sort and a comparison give the same distinct values and import nothing.
 
 >>> distinct(np.array([3, 1, 3, 2])).tolist()
 [1, 2, 3]

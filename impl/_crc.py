@@ -2,22 +2,22 @@
 
 Why: every block of a token file (:mod:`impl.store`) and of a cached epoch
 plan (:mod:`impl.dataset`) is CRC'd the first time a process reads it, so
-the CRC's speed is the price of the first read. ``zlib.crc32`` runs at
-~2.5 GB/s on this project's machines; ISA-L's folding CRC (carry-less
-multiplication, ``python-isal``'s ``isal_zlib.crc32``) computes the very same
-CRC-32 at ~10 GB/s, from any buffer (a memoryview of the mapped file: no
-copy). Same values means no format change: every store and plan cache ever
-written is checked with it, and ``zlib.crc32`` stays a correct fallback and an
-independent oracle in tests.
+the CRC's speed is the price of the first read. ISA-L's folding CRC
+(carry-less multiplication, ``python-isal``'s ``isal_zlib.crc32``) computes
+the very same CRC-32 as ``zlib.crc32``, several times faster (figures and the
+command that measures them: benchmarks/README.md, "Design figures"), from
+any buffer (a memoryview of the mapped file: no copy). Same values means no
+format change: every store and plan cache is checked with it, and
+``zlib.crc32`` stays a correct fallback and an independent oracle in tests.
 
 Why not CRC-32C (``google-crc32c``): as fast or slightly faster on an SSE4.2
-CPU, but a new checksum is a new store format (format 3), a new plan format,
-and a rebuild before any existing store reads faster; its C call also refuses
-a memoryview, and its pure-Python fallback is ~100x slower than zlib.
+CPU, but a new checksum is a new store format, a new plan format, and a
+rebuild before any existing store reads faster; its C call also refuses a
+memoryview, and its pure-Python fallback is far slower than zlib.
 
 Without ``isal`` (a platform it has no wheel for), :data:`IMPLEMENTATION` is
-``"zlib"``: the same checks, ~4x slower on first reads, and one
-``RuntimeWarning`` at import saying so and how to fix it.
+``"zlib"``: the same checks, slower first reads, and one ``RuntimeWarning``
+at import saying so and how to fix it.
 
 >>> crc32(b"abc") == __import__("zlib").crc32(b"abc") == 0x352441C2
 True

@@ -362,7 +362,7 @@ def _worker_init(tok_json_path: str, dtype: str, bos_id: int | None, eos_id: int
     # The tokenizer travels as a file path: spawn writes a child's arguments
     # into a pipe before the child runs, and a multi-MB argument (GPT-2's JSON)
     # blocks that write forever if the child dies first (e.g. an unguarded
-    # script), which is how a build used to hang.
+    # script), and the build would hang.
     # Each worker is one of num_proc processes: cap the tokenizer's own thread
     # pool (read by rayon at first use) so processes x threads <= cores.
     os.environ["RAYON_NUM_THREADS"] = str(threads)

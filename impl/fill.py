@@ -12,7 +12,7 @@ reader of tokens in one place: :class:`TokenSource` addresses documents as
 file that holds them, mapping a file only when a batch first touches it. No
 token is copied unchecked: a format-4 store checks each document when it
 returns its bounds (``TokenStore.document_checks``), and the fill copies
-only tokens inside documents it located there; for an older store the fill
+only tokens inside documents it located there; for a format 1-3 store the fill
 asks it to check the ranges (``TokenStore.check_blocks``) before copying
 them, once a batch.
 
@@ -99,7 +99,7 @@ class TokenSource:
 
     Why per document: a fresh resume's first batch names a few documents in
     each of many files; checking and copying each file's whole offsets
-    region cost more than the batch itself.
+    region costs more than the batch itself.
 
     >>> src = TokenSource.from_files([[[5, 6]], [[], [7]]])
     >>> [a.tolist() for a in src.locate(np.array([2, 0]))]       # (file, file-local start, length)
@@ -342,8 +342,8 @@ def _demand_zero_rows(n: int) -> np.ndarray:
 
     Why not ``np.zeros``/``np.empty``: numpy advises allocations of 4 MB and
     more into 2 MiB huge pages, each zeroed whole on its first write, so the
-    ~40 rows a fresh resume's first batch writes cost milliseconds; here each
-    costs one 4 KiB page.
+    few dozen scattered rows a fresh resume's first batch writes would each
+    zero a whole huge page; here each costs one 4 KiB page.
 
     >>> t = _demand_zero_rows(3)
     >>> t[1] = (5, 7)

@@ -65,18 +65,19 @@ BUFFER_MESSAGE = (
 _U = np.uint64
 SCALAR_LIMIT = 32
 """Up to this many positions ``EpochOrder`` evaluates a window order with Python ints: its numpy evaluation
-(``impl.rng.feistel``, per-window keys) costs ~100 us per cycle-walking pass whatever its size, a scalar one ~10-30 us
-per position (measured: scalar is faster up to ~24-32 positions). A global order switches at ``FEW``."""
+(``impl.rng.feistel``, per-window keys) has a fixed cost per cycle-walking pass whatever its size, a scalar one a cost
+per position, and the scalar one is the faster up to about this many positions (benchmarks/README.md, "Design
+figures"). A global order switches at ``FEW``."""
 
 FEW = 16
-"""From this many positions on, a global order is one in-place numpy pass over all of them (``impl.rng.feistel``: ~70-80 us
-from 12 to 100 positions, 0.18 ms for a block of 2048, where its previous version took 0.15 and 0.3 ms) rather than
-``ScalarFeistel`` (~5 us per position). A fresh resume's first batch at L asks 25-41 positions at once."""
+"""From this many positions on, a global order is one in-place numpy pass over all of them (``impl.rng.feistel``, whose
+cost barely grows from a dozen positions to a hundred) rather than ``ScalarFeistel`` (a cost per position). A fresh
+resume's first batch asks a few dozen positions at once."""
 
 BLOCK = 2048
 """Positions per cached block of an epoch's order: a loader reads consecutive positions, so once two lookups fall in
-one block ``EpochOrder`` evaluates the whole block in one vectorised pass (~0.2 ms, ~0.1 us per position) and
-answers the next ~600 samples' lookups from it."""
+one block ``EpochOrder`` evaluates the whole block in one vectorised pass and answers the next several hundred
+samples' lookups from it."""
 BLOCKS_KEPT = 4
 
 
@@ -219,9 +220,10 @@ class EpochOrder:
         """The ids from cached blocks of ``BLOCK`` positions, or None (then the caller evaluates the positions).
 
         Why: the positions of a loader's batch are a short run of consecutive
-        positions, the next batch's the run after it. Evaluating ~25
-        positions costs ~0.07-0.1 ms however it is done (scalar or batched),
-        a whole block of 2048 ~0.2 ms (global). A block is evaluated when a lookup
+        positions, the next batch's the run after it. Evaluating a batch's
+        few dozen positions costs about as much as one vectorised pass over
+        a whole block (a pass's cost is mostly fixed), and the block then
+        serves the batches after it. A block is evaluated when a lookup
         falls in at most two adjacent blocks and the previous lookup did too
         (a sequential reader); isolated random lookups (``ds[i]`` for
         arbitrary ``i``) keep the cheaper scalar path. At most
@@ -259,9 +261,9 @@ class EpochOrder:
     def _scalar(self, pos: np.ndarray) -> np.ndarray:
         """Few positions: ``impl.rng.ScalarFeistel``, the same network on Python integers.
 
-        Why: a numpy call costs ~100 µs of fixed overhead per Feistel
-        evaluation, a scalar one ~10 µs per position; a sample of a packed
-        dataset needs only a handful of positions.
+        Why: a numpy call has a fixed cost per Feistel evaluation, many
+        times what a scalar evaluation of one position costs; a sample of a
+        packed dataset needs only a handful of positions.
         """
         flat = pos.reshape(-1).tolist()
         if self._perm is not None:

@@ -255,8 +255,9 @@ class PackPlan:
     the plan calls ``recover()`` once for trusted arrays (the dataset
     recomputes the plan) and answers from those.
 
-    Why lazy: checking a whole 16 MB plan costs ~6 ms per fresh loader, more
-    than the rest of a resume; the blocks a batch reads cost microseconds.
+    Why lazy: checking a whole plan on every fresh loader would be the
+    dominant cost of a resume (a plan grows with the epoch), while a batch
+    reads only a few blocks.
     """
 
     __slots__ = ("_hop", "_recover", "_verify", "arrays", "mode", "num_samples", "seq_len")

@@ -104,9 +104,10 @@ def feistel_half_bits(n: int) -> int:
 class ScalarFeistel:
     """The keyed bijection of ``[0, n)`` (RNG-5) on Python integers, one index at a time.
 
-    Why a scalar twin of ``FeistelPermutation``: a numpy evaluation costs
-    ~100 us of fixed overhead per cycle-walking pass, a scalar one ~10 us per
-    index, and a sample of a packed dataset needs only a handful of indices.
+    Why a scalar twin of ``FeistelPermutation``: a numpy evaluation has a
+    fixed cost per cycle-walking pass, many times what a scalar evaluation of
+    one index costs, and a sample of a packed dataset needs only a handful of
+    indices.
 
     >>> p = ScalarFeistel(5, 7)
     >>> sorted(p(i) for i in range(5))

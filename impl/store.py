@@ -411,10 +411,11 @@ class TokenStore:
         """Present with the recorded size (``open``); with ``content``, also the recorded quick signature (first map).
 
         Why the signature waits for the first map: it reads 128 KiB per
-        file, so checking every file at ``open`` made open cost O(files),
-        and files grow with the token count. Checked at first map, before
-        any of the file's tokens is returned, a changed file is refused just
-        the same, and each process pays only for the files it reads.
+        file, so checking every file at ``open`` would make open cost
+        O(files), and files grow with the token count. Checked at first map,
+        before any of the file's tokens is returned, a changed file is
+        refused just the same, and each process pays only for the files it
+        reads.
         """
         name = rec.name
         fp = f"{self._root}/{name}"
@@ -669,13 +670,13 @@ class TokenStore:
     def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`document_bounds` of many files at once: ``(start, length)`` of document ``docs[i]`` of ``files[i]``.
 
-        Why: a fresh resume's first batch names ~40 documents in a dozen
-        files; one call that maps each file on first use and reads each
-        document's two offsets entries (after the blocks holding them passed
-        their CRC) costs a few microseconds a document, where a numpy
-        pipeline per file cost tens of microseconds a file. Many documents,
-        or many per file touched (a batch in file order), go through
-        :meth:`document_bounds` file by file.
+        Why: a fresh resume's first batch names a few dozen documents in a
+        dozen files; one call that maps each file on first use and reads
+        each document's two offsets entries (after the blocks holding them
+        passed their CRC) pays Python's cost per document once, where a
+        numpy pipeline per file pays numpy's fixed cost per call for every
+        file. Many documents, or many per file touched (a batch in file
+        order), go through :meth:`document_bounds` file by file.
 
         >>> store.document_bounds_batch(np.array([0, 2]), np.array([3, 0]))      # doctest: +SKIP
         (array([9, 0]), array([4, 3]))
@@ -781,16 +782,17 @@ class TokenStore:
         Why per document: under a global shuffle (or a fresh resume's first
         batch) each document of a batch lies in a block no reader has
         verified yet, so a block check CRCs 16 KiB, from cold memory, to serve
-        ~1.3 KB; the document's own CRC reads exactly the bytes served. Its
-        token range comes from the offsets read unchecked: an offsets entry
-        changed since the build moves the range of the two documents it
-        bounds, whose CRCs then fail (barring a CRC collision), so a document
-        that passes was read with its recorded bounds and tokens.
+        one document, usually far smaller; the document's own CRC reads
+        exactly the bytes served. Its token range comes from the offsets read
+        unchecked: an offsets entry changed since the build moves the range
+        of the two documents it bounds, whose CRCs then fail (barring a CRC
+        collision), so a document that passes was read with its recorded
+        bounds and tokens.
 
         Each document is CRC'd straight from the mapping: copying a batch's
         documents into one buffer first (``bytes.join``, whose C loop
-        overlaps their cache misses) and CRC'ing them there cost as much at L
-        (42.6 against 40.0 ms over 512 batches under a global shuffle). A
+        overlaps their cache misses) and CRC'ing them there costs as much
+        under a global shuffle (benchmarks/README.md, "Design figures"). A
         file whose documents have all passed counts as verified whole (every
         token byte and offsets entry was checked), and its reads skip the
         checks.
@@ -838,9 +840,9 @@ class TokenStore:
         (the window doubles as a reader in file order goes on). Why a streak
         and not "the block before is verified": under a global shuffle a
         random block's neighbour is verified more and more often as an epoch
-        goes on (1 in 5 after 512 batches at L), and a long document read in
-        two pieces continues the frontier once; reading ahead for those
-        doubled the bytes a first pass CRC'd.
+        goes on, and a long document read in two pieces continues the
+        frontier once; reading ahead for those would make a first pass CRC
+        far more bytes than it reads.
         """
         streak = hi - lo + 1 + (blocks.streak if lo == blocks.frontier else 0)
         if streak * blocks.block >= _READ_AHEAD_AFTER and hi + 1 < blocks.count:
@@ -1187,7 +1189,7 @@ class TokenStore:
         every reader of this class does, and a reader working on the raw
         mapped views (``store._part(f)``, the packing fill path) must too. A
         format-2/3 file's bytes are covered by one CRC-32 per block
-        (:data:`BLOCK_BYTES`, 16 KiB, in stores this version writes); a
+        (:data:`BLOCK_BYTES`, 16 KiB, in stores the builder writes); a
         block is CRC'd from the mapping on its first read by this store
         object and remembered in a per-file bitmap, so a range in verified
         blocks costs a ``bytearray.find``, and a file whose blocks are all
@@ -1199,17 +1201,20 @@ class TokenStore:
         Why blocks of the file's bytes (not of the token values): one scheme
         covers values, offsets and Arrow metadata alike, and the build
         computes it in the same read as the file's sha256. Why 16 KiB: a
-        fresh resume's first batch reads ~40 documents in ~40 different
-        blocks of values and ~40 of offsets; at 1 MiB (~0.25 ms of CRC each)
-        that was most of its cost, at 64 KiB ~14 us each (CRC and first-touch
-        page faults), at 16 KiB ~4 us; a sequential first read pays ~1 us of
-        Python per block more than at 64 KiB. Up to :data:`_SMALL` ranges are
-        walked in Python (a numpy pipeline costs more than it saves there).
+        fresh resume's first batch reads a few dozen documents, each in a
+        different block of values and of offsets, and CRCs every block it
+        touches whole (with its first-touch page faults), so the block size
+        sets that batch's cost; smaller blocks cost a sequential first read
+        more Python per block, which 16 KiB keeps small (the figures:
+        benchmarks/README.md, "Design figures"). Up to :data:`_SMALL` ranges
+        are walked in Python (a numpy pipeline costs more than it saves
+        there).
         A first read continuing a sequential streak (a reader in file order)
         also verifies blocks ahead, up to 512 KiB (:meth:`_first_read`), still
         before any of their tokens is served: the batches after it find their
-        blocks verified and pay one ``find`` each (a file-order first read cost
-        ~6 % of the iteration without it, ~4 % with it); a random first read
+        blocks verified and pay one ``find`` each (the read-ahead lowers the
+        checks' share of a file-order first read: ``python -m
+        benchmarks.first_epoch --shuffle none``); a random first read
         (a resume's first batch, a global shuffle) verifies only what it reads.
         A batch's runs in several files are checked in one call by
         :meth:`check_blocks_batch`.
@@ -1289,11 +1294,11 @@ class TokenStore:
         """:meth:`check_blocks` of a whole batch: the blocks holding tokens ``[starts[i], stops[i])`` of ``files[i]``.
 
         Why one call a batch: under a global shuffle a batch of 8 x 2048
-        tokens copies ~41 runs from ~13 files; one ``check_blocks`` call per
-        file (array conversions, spans, its own CRC loop) and the caller's
-        per-file selections cost ~25 us a batch even when every block was
-        verified (the rest of a first epoch), against ~16 us here, and a
-        first read ~30 us more. Here one pass over the runs finds each run's
+        tokens copies dozens of runs from a dozen files; one ``check_blocks``
+        call per file (array conversions, spans, its own CRC loop) and the
+        caller's per-file selections pay their fixed costs once per file,
+        even when every block is verified (the rest of a first epoch), and
+        more on a first read. Here one pass over the runs finds each run's
         unverified blocks (a ``find``) and CRCs them there; once every block
         of the store is verified the call is one attribute test. All runs in
         one file (file order), or more than :data:`_SMALL` runs, go through

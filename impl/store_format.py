@@ -15,7 +15,7 @@ On-disk layout of ``out_dir``::
     tokens-00001.arrow   ``tokens: large_list<uint16 | uint32>``; row = document,
     ...                  the list offsets (int64) are the document boundaries
 
-Format 4 (this version) is format 3 plus per-document checksums:
+Format 4 (:data:`FORMAT_VERSION`, what the builder writes) is format 3 plus per-document checksums:
 
 * ``documents.crc32`` (:data:`DOCUMENT_TABLE`): the CRC-32 of each
   document's token bytes (its values as stored, little-endian), big-endian,
@@ -29,9 +29,9 @@ Format 4 (this version) is format 3 plus per-document checksums:
   packing fill path, which copies only tokens of documents it located
   there, needs no block check (:attr:`TokenStore.document_checks`).
 * Why: under a global shuffle, or in a resumed process's first batch, each
-  ~1.3 KB document lies in its own 16 KiB block that no reader has
-  verified yet; a block check reads 12x the bytes served, from cold
-  memory. A document's CRC reads exactly the bytes the copy then reads,
+  document lies in its own 16 KiB block that no reader has verified yet;
+  for a 1.3 KB document (the benchmark corpus's mean) a block check reads
+  12x the bytes served, from cold memory. A document's CRC reads exactly the bytes the copy then reads,
   and also covers the offsets it was read at: a changed offsets entry moves
   the range of the two documents it bounds, whose CRCs then fail. Readers
   of token ranges (``read``, ``gather``, ``__getitem__``, iteration) and
@@ -40,19 +40,20 @@ Format 4 (this version) is format 3 plus per-document checksums:
 
 Format 3:
 
-* block checksums: the CRC-32 (``zlib.crc32``'s checksum, computed at
-  ~10 GB/s with ISA-L's: :mod:`impl._crc`) of each ``layout.block_bytes``
+* block checksums: the CRC-32 (``zlib.crc32``'s checksum, computed with
+  ISA-L's: :mod:`impl._crc`) of each ``layout.block_bytes``
   block of each file's bytes (16 KiB; ``layout.block_checksum`` is
   ``"crc32"``), big-endian, in :data:`BLOCK_TABLE`, file after file in the
   order of ``files`` (file ``f`` holds ``ceil(size / block_bytes)``
   entries). ``layout.block_table`` records the table's name, size and
   sha256: ``open`` checks its size, :meth:`TokenStore.verify` its sha256,
   and a reader maps it on first use and reads only the entries of the
-  blocks it checks. Why a table and 16 KiB: format 2 kept the CRCs as hex in
-  ``meta.json`` (170 KB to parse on every ``open`` of a 1.3 GB store at
-  64 KiB blocks), and a fresh resume's first batch CRCs a block of offsets
-  and one of tokens for each of its ~40 documents: 16 KiB blocks cut those
-  bytes by 4 while ``open`` parses a small ``meta.json``.
+  blocks it checks. Why a table and 16 KiB: format 2 keeps the CRCs as hex in
+  ``meta.json`` (8 characters per 64 KiB block, all parsed by every
+  ``open``, so ``open`` grows with the store), and a fresh resume's first
+  batch CRCs a block of offsets and one of tokens for each of its few dozen
+  documents: 16 KiB blocks cut those bytes by 4 while ``open`` parses a
+  small ``meta.json``.
 * ``buffers`` per file record: ``{"offsets": [byte, length], "values":
   [byte, length]}``, where the document offsets (little-endian int64) and
   the token values lie in the file (:func:`arrow_buffer_layout`, read with
@@ -63,14 +64,14 @@ Format 3:
   layout with the one Arrow reads. A record outside the file's bounds, of
   the wrong length or misaligned is refused as corrupt.
 
-Format 3 stores still open and read with the block checks alone (every
+Format 3 stores open and read with the block checks alone (every
 run the fill path copies goes through :meth:`TokenStore.check_blocks`);
-rebuilding one adds the per-document checks. Format 2 stores still open
+rebuilding one adds the per-document checks. Format 2 stores open
 and read with the same checks: each record
 carries its block CRCs as one hex string (``block_crc32``, 8 digits a block,
 parsed per block when it is checked; 64 KiB or 1 MiB blocks, as recorded), a
 record without ``buffers`` is mapped through Arrow after its quick
-signature. Format 1 stores (no block checksums) still open and read,
+signature. Format 1 stores (no block checksums) open and read,
 checked by their quick signatures at map time and by a full
 :meth:`TokenStore.verify`; rebuilding one adds the per-block check of every
 read.
@@ -139,7 +140,7 @@ FILE_TEMPLATE = "tokens-{:05d}.arrow"
 DEFAULT_DOCS_PER_FILE = 65536
 #: Bytes hashed at each end of a file by the open-time quick signature.
 QUICK_SIGNATURE_BYTES = 64 * 1024
-#: Bytes of a token file covered by one CRC-32 in the stores this version writes (the last block may be shorter).
+#: Bytes of a token file covered by one CRC-32 in the stores the builder writes (the last block may be shorter).
 BLOCK_BYTES = 16 * 1024
 #: Format 3: the file holding every token file's block CRC-32s, big-endian uint32, file after file.
 BLOCK_TABLE = "blocks.crc32"
@@ -337,7 +338,7 @@ def quick_signature(path: str | os.PathLike[str], size: int | None = None) -> st
     catches truncation, appends, rewrites and edits of the Arrow header/footer
     (where the schema, the record-batch layout and the file magic live); an
     edit in the middle of a large file is caught by the block checksums of
-    format 2 on the first read of its block (format 1: only by ``verify``).
+    formats 2 to 4 on the first read of its block (format 1: only by ``verify``).
     """
     fd = os.open(os.fspath(path), os.O_RDONLY)
     try:
@@ -504,8 +505,8 @@ def take_crc_tables(meta: dict[str, Any]) -> list[tuple[CrcTable, bytes]]:
     Pops each record's ``spec.field`` and records each table's name, size and
     sha256 in ``meta["layout"]`` (the writer writes the returned bytes to
     ``spec.name`` before ``meta.json``). Why a table file: ``meta.json`` is
-    parsed whole by every ``open``; as hex it carried 8 characters per block
-    (170 KB for a 1.3 GB store in 64 KiB blocks), while the table is mapped
+    parsed whole by every ``open``; as hex it carries 8 characters per block
+    (so ``open`` grows with the store), while the table is mapped
     and only the entries of the blocks a process checks are read, so blocks
     can be small (cheap first reads) without slowing ``open``.
 

@@ -66,8 +66,9 @@ class PipelineConfig:
     ``split`` selects documents ``[start, stop)`` of the store's file-major
     order before ordering (SPLIT-8): a ``(start, stop)`` pair of bounds
     (SPLIT-1..SPLIT-4) or split notation such as ``"train[:80%]"`` (SPLIT-6),
-    stored as the pair. ``split=None`` (the whole store) leaves ``to_json``,
-    and so every fingerprint, exactly as before splits existed.
+    stored as the pair. ``split=None`` (the whole store) adds no key to
+    ``to_json``, so a whole-store config's fingerprint is the one a config
+    without the field has, and states saved without it still match.
 
     >>> PipelineConfig(packing=PackingConfig(seq_len=4), split="train[10000:]").split
     (10000, None)

@@ -38,7 +38,7 @@ class SharedEpoch:
     need it.
 
     Why the cell is allocated late: allocating it (a shared-memory file)
-    costs ~0.1 ms, a twentieth of a fresh resume, and a process without
+    is a visible share of a fresh resume, and a process without
     workers never needs it. Until a copy of the dataset can leave the
     process the epoch is a plain attribute; the cell is made, holding that
     epoch, just before any ``os.fork`` (``os.register_at_fork``: forked

@@ -84,7 +84,7 @@ from reference.partition import PartitionConfig
 from reference.resume import make_state, validate_state
 
 with contextlib.suppress(ImportError):
-    # torch's DataLoader imports this on its first batch (~1 ms): a restarted job's first batch should not pay it.
+    # torch's DataLoader imports this on its first batch: a restarted job's first batch should not pay the import.
     import torch.profiler._cupti_monitor
 
 __all__ = ["ElasticLoader", "build_dataloader"]
@@ -239,7 +239,7 @@ class ElasticLoader:
 
         That is all a single-process ``DataLoader`` without pinned memory
         does; running the loop here skips its iterator's setup and its
-        per-batch profiler scope (~70 us of a fresh resume's first batch).
+        per-batch profiler scope, a visible share of a fresh resume's first batch.
         Workers or pinned memory go through the DataLoader.
         """
         loader = self.dataloader
@@ -361,12 +361,12 @@ def collate_to_numpy(batch: Any) -> dict[str, Any]:
     """``collate`` in a worker, with tensors handed over as numpy arrays of the narrowest integer dtype.
 
     Why numpy: torch sends every tensor from a worker through its own
-    shared-memory file descriptor (a socket connect and handshake per tensor,
-    ~0.5 ms each here), while numpy arrays travel inside the one pickled
-    message on the worker's pipe. Why narrow: the pipe moves ~0.5 GB/s here,
-    so bytes are the cost; token ids fit uint16 or uint32, positions and
-    offsets int16, and a batch of five int64 ``[8, 2048]`` fields (655 KB,
-    ~1.2 ms) shrinks about 3x. ``tensors_from_numpy`` widens each back to its
+    shared-memory file descriptor (a socket connect and handshake per tensor),
+    while numpy arrays travel inside the one pickled
+    message on the worker's pipe. Why narrow: the pipe's bandwidth is the cost, so
+    bytes count; token ids fit uint16 or uint32, positions and
+    offsets int16, and a batch of five int64 ``[8, 2048]`` fields (655 KB)
+    shrinks about 3x. ``tensors_from_numpy`` widens each back to its
     dtype in the training process, so the batch is value- and dtype-identical
     to ``collate``'s.
     """

@@ -68,7 +68,7 @@ def plan_key(store_fingerprint: str, config: PipelineConfig, plan_epoch: int) ->
     64
     """
     o = config.ordering
-    ordering = ({"kind": "sequential"} if o.kind == "sequential"          # asdict's deep copy: ~20 us of a resume
+    ordering = ({"kind": "sequential"} if o.kind == "sequential"          # asdict's deep copy is a visible share of a resume
                 else {field.name: getattr(o, field.name) for field in dataclasses.fields(o)})
     packing = {name: getattr(config.packing, name) for name in PLAN_RELEVANT}
     payload = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "store": store_fingerprint,
@@ -211,8 +211,8 @@ class PlanCache:
         Why per block and CRC-32: the check guards against a torn or
         bit-rotted file (the atomic rename already rules out a half-written
         one), not an adversary, and it runs in every fresh loader on the
-        resume path. Checking the whole file first cost ~6 ms at 1M
-        documents, more than the rest of a resume; a batch reads a few
+        resume path. Checking the whole file first would cost more than the
+        rest of a resume at a million documents; a batch reads a few
         64 KiB blocks, each checked on its first use (``PackPlan``'s
         ``verify``). A block that fails makes the plan recompute itself
         (and the cache file be rewritten), never serve the block.
@@ -281,9 +281,9 @@ def _npy_header(values: int) -> bytes:
 def _map_npy(path: Path, values: int, size: int) -> np.ndarray | None:
     """The int64 values of a plan ``.npy`` as a read-only view of its mapped pages; None unless its header is ``np.save``'s.
 
-    Why not ``np.load(mmap_mode="r")``: it costs ~0.5 ms (``np.memmap``'s
-    machinery) on the resume path; one ``mmap`` and a header comparison do
-    the same check in microseconds.
+    Why not ``np.load(mmap_mode="r")``: ``np.memmap``'s machinery is a large
+    share of the resume path; one ``mmap`` and a header comparison do the
+    same check for a fraction of it.
     """
     header = _npy_header(values)
     if size != len(header) + 8 * values:

@@ -1,7 +1,7 @@
 """loadspec's production loaders: ``from impl import PackedDataset, TokenStore, build_dataloader``.
 
 One import for what a training script uses; each name lives in the module
-of its concept (the module map in the README lists them in pipeline order).
+of its concept (``docs/MODULES.md`` lists them in pipeline order).
 ``__all__`` is sorted and asserted by ``conformance/impl_tests/test_public_api.py``.
 
 Names are imported on first use (PEP 562 ``__getattr__``), so ``import impl.errors``

@@ -20,9 +20,7 @@ Worked example::
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,15 @@ from typing import Any
 
 import torch
 
-from demos.train_resume import TinyLM, check_world_sizes, read_logs, save_checkpoint, spawn_phase, train_on_rank
+from demos.train_resume import (
+    TinyLM,
+    check_world_sizes,
+    read_logs,
+    run_in_workdir,
+    save_checkpoint,
+    spawn_phase,
+    train_on_rank,
+)
 from fixtures import generators
 from impl._atomic import atomic_write_json
 from impl.collation import collate
@@ -190,15 +196,8 @@ def run(workdir: Path, cfg: MixDemoConfig = MixDemoConfig()) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m demos.mixture [workdir]``: without a workdir, the run lives in a temporary directory."""
-    parser = argparse.ArgumentParser(prog="python -m demos.mixture", description=__doc__.split("\n\n")[0])
-    parser.add_argument("workdir", type=Path, nargs="?", default=None, help="keep the stores, logs and report here")
-    args = parser.parse_args(argv)
-    if args.workdir is not None:
-        run(args.workdir)
-        return
-    with tempfile.TemporaryDirectory(prefix="loadspec-demo-mix-") as tmp:
-        run(Path(tmp))
+    """``python -m demos.mixture [workdir]``."""
+    run_in_workdir(run, "demos.mixture", __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -293,16 +293,21 @@ def run(workdir: Path, cfg: DemoConfig = DemoConfig()) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m demos.train_resume [workdir]``: without a workdir, the run lives in a temporary directory."""
-    parser = argparse.ArgumentParser(prog="python -m demos.train_resume", description=__doc__.split("\n\n")[0])
-    parser.add_argument("workdir", type=Path, nargs="?", default=None, help="keep the store, logs and report here")
+def run_in_workdir(run_at: Callable[[Path], Any], module: str, description: str, argv: list[str] | None) -> None:
+    """``python -m <module> [workdir]`` for a demo: without a workdir, the run lives in a temporary directory."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("workdir", type=Path, nargs="?", default=None, help="keep the stores, logs and report here")
     args = parser.parse_args(argv)
     if args.workdir is not None:
-        run(args.workdir)
+        run_at(args.workdir)
         return
-    with tempfile.TemporaryDirectory(prefix="loadspec-demo-") as tmp:
-        run(Path(tmp))
+    with tempfile.TemporaryDirectory(prefix=f"loadspec-{module.rsplit('.', 1)[-1]}-") as tmp:
+        run_at(Path(tmp))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m demos.train_resume [workdir]``."""
+    run_in_workdir(run, "demos.train_resume", __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

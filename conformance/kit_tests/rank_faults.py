@@ -7,12 +7,34 @@ Each wraps the reference's loader; the rank processes import them by spec
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from conformance.adapters.reference import ReferenceAdapter
+from conformance.ranks import RankJob
+from reference.ordering import OrderingConfig
+from reference.packing import PackingConfig
+from reference.resume import PipelineConfig
+
+CONFIG = PipelineConfig(packing=PackingConfig(seq_len=4, mode="concat", pad_id=0),
+                        ordering=OrderingConfig(kind="global", seed=3))
+"""The kit tests' pipeline: small samples under a global shuffle."""
+
+
+def small_corpus() -> list[list[list[int]]]:
+    """Two files of eight short documents, the same every call."""
+    rng = random.Random(7)
+    return [[[rng.randrange(1, 500) for _ in range(rng.randrange(1, 12))] for _ in range(8)] for _ in range(2)]
+
+
+def small_job(loader: str, **kw: Any) -> RankJob:
+    """A per-rank job of ``loader`` (``module:factory``) on :func:`small_corpus`, 2 ranks x batch 2 unless told."""
+    kw.setdefault("world_size", 2)
+    kw.setdefault("batch_size", 2)
+    return RankJob(loader=loader, corpus=small_corpus(), config=CONFIG.to_json(), **kw)
 
 
 class FaultyLoader:

@@ -11,36 +11,25 @@ runs the reference under them, 2 or 3 ranks, a few steps.
 from __future__ import annotations
 
 import dataclasses
-import random
 from pathlib import Path
 
 import pytest
 
 from conformance.adapter import AdapterError, check_adapter
 from conformance.assertions import ClauseViolation
+from conformance.kit_tests.rank_faults import CONFIG, small_corpus, small_job
 from conformance.plugin import load_adapter
 from conformance.ranks import RankJob, RankTimeout, grade_resume, grade_topology_change, launch, universe
 from reference.errors import ConfigError
-from reference.ordering import OrderingConfig
-from reference.packing import PackingConfig
-from reference.resume import PipelineConfig
 
 pytestmark = pytest.mark.loadspec_processes
 
-CONFIG = PipelineConfig(packing=PackingConfig(seq_len=4, mode="concat", pad_id=0),
-                        ordering=OrderingConfig(kind="global", seed=3))
 FAULTS = "conformance.kit_tests.rank_faults"
 
 
-def _corpus() -> list[list[list[int]]]:
-    rng = random.Random(7)
-    return [[[rng.randrange(1, 500) for _ in range(rng.randrange(1, 12))] for _ in range(8)] for _ in range(2)]
-
 
 def _job(loader: str, **kw) -> RankJob:
-    kw.setdefault("world_size", 2)
-    kw.setdefault("batch_size", 2)
-    return RankJob(loader=f"{FAULTS}:{loader}", corpus=_corpus(), config=CONFIG.to_json(), **kw)
+    return small_job(f"{FAULTS}:{loader}", **kw)
 
 
 def _skewed(loader: str, tmp: Path, *, ahead: int, restore: str) -> None:
@@ -66,7 +55,7 @@ def test_a_state_that_counts_the_furthest_rank_on_rank_0_loses_rank_0s_batch_onl
 @pytest.mark.clause("RES-4")
 def test_a_loader_that_duplicates_samples_only_when_ranks_and_workers_change_together_is_caught(tmp_path):
     spec = f"{FAULTS}:rewind_on_joint_resize"
-    seen = universe(load_adapter(spec), _corpus(), CONFIG, tmp_path / "universe")
+    seen = universe(load_adapter(spec), small_corpus(), CONFIG, tmp_path / "universe")
     head = launch(_job("rewind_on_joint_resize", num_workers=4, stop_at=3), tmp_path / "head")
     workers_only = launch(dataclasses.replace(_job("rewind_on_joint_resize", num_workers=2),
                                               resume_from=str(head.checkpoint_dir)), tmp_path / "workers")
@@ -92,7 +81,7 @@ def test_an_adapter_still_deciding_refusals_with_is_refusal_is_refused_before_an
 @pytest.mark.clause("RES-4")
 def test_a_key_error_on_load_that_is_not_a_declared_refusal_type_fails_showing_the_key_error(tmp_path):
     spec = f"{FAULTS}:keyerror_on_load"
-    seen = universe(load_adapter(spec), _corpus(), CONFIG, tmp_path / "universe")
+    seen = universe(load_adapter(spec), small_corpus(), CONFIG, tmp_path / "universe")
     head = launch(_job("keyerror_on_load", stop_at=2), tmp_path / "head")
     grown = launch(dataclasses.replace(_job("keyerror_on_load", world_size=3, batch_size=1),
                                        resume_from=str(head.checkpoint_dir)), tmp_path / "grown")

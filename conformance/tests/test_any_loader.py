@@ -350,11 +350,12 @@ def test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once
             taken = [[list(b) for b in itertools.islice(it, k + (skew if r == 0 else 0))]
                      for r, it in enumerate(iterators)]
             states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
+            del iterators      # a partly read iterator's DataLoader workers stop now, not when the workdir is gone
         trained = pair_counts(_rows(taken), epoch=0)
         resumed = Built(loadspec_adapter, corpus, config, after, Path(tmp))
+        firsts: list[Any] = []
         with resumed as loaders:
             try:
-                firsts = []
                 for r, ld in enumerate(loaders):
                     ld.load_state_dict(states[0] if restore == "rank0" else states[r % before.world_size])
                 for ld in loaders:
@@ -363,6 +364,7 @@ def test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once
             except ClauseViolation:
                 raise
             except Exception as exc:  # noqa: BLE001 - a refusal is any explicit error the adapter calls one
+                firsts.clear()
                 check(is_refusal(loadspec_adapter, exc), clause="RES-4",
                       what=f"loading the state on {after} raised {type(exc).__name__}: {exc}, which the adapter "
                            "does not count as a refusal", repro=repro)

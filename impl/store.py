@@ -78,6 +78,7 @@ from impl.errors import (
     StoreError,
     StoreNotFoundError,
 )
+from impl.files import FileAccess, LocalFiles
 from impl.store_format import (
     BLOCK_BYTES,
     BLOCK_TABLE,
@@ -102,14 +103,16 @@ from impl.store_format import (
     hash_documents,
     hash_file_blocks,
     quick_signature,
+    quick_signature_of,
     sha256_file,
+    sha256_of,
     validate_meta,
 )
 
 # Called by the reader under these module-level names, which tests replace to count or refuse Arrow parses and
 # to recompute fingerprints (``impl.store._open_arrow``, ``impl.store._content_fingerprint``).
 from impl.store_format import content_fingerprint as _content_fingerprint
-from impl.store_format import open_arrow as _open_arrow
+from impl.store_format import open_arrow_buffer as _open_arrow
 
 __all__ = [
     "BLOCK_BYTES",
@@ -148,25 +151,19 @@ _READ_AHEAD_AFTER = 64 * 1024
 
 
 
-def _map_read_only(path: str, where: str, size: int) -> mmap.mmap | bytes:
-    """``path`` mapped read-only, refused with ``StoreCorruptError`` unless it exists and holds ``size`` bytes.
+def _map_read_only(files: FileAccess, name: str, where: str, size: int) -> mmap.mmap | bytes:
+    """File ``name`` mapped read-only through ``files``, refused with ``StoreCorruptError`` unless it holds ``size`` bytes.
 
-    ``where`` names the file in the messages. An expected size of 0 gives
-    ``b""`` (an empty file cannot be mapped) once the file is known to exist.
+    ``where`` names the file in the messages.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            mm: mmap.mmap | bytes = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
-            actual = os.fstat(fd).st_size if not size else len(mm)
-        finally:
-            os.close(fd)
+        mm = files.map(name)
     except FileNotFoundError:
         raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
     except (OSError, ValueError) as exc:
         raise StoreCorruptError(f"{where} could not be mapped ({exc}); {REBUILD_HINT}") from exc
-    if actual != size:
-        raise StoreCorruptError(f"{where} changed since it was built ({actual} bytes, {size} when built); {REBUILD_HINT}")
+    if len(mm) != size:
+        raise StoreCorruptError(f"{where} changed since it was built ({len(mm)} bytes, {size} when built); {REBUILD_HINT}")
     return mm
 
 
@@ -309,10 +306,11 @@ class TokenStore:
 
     # ------------------------------------------------------------ construction
 
-    def __init__(self, path: Path, meta: dict[str, Any]):
+    def __init__(self, path: Path, meta: dict[str, Any], files: FileAccess | None = None):
         """Use :meth:`open` or :meth:`build`; this maps already validated metadata."""
         self._path = path
-        self._root = str(path)
+        #: Every file this store reads, by name relative to the store's root (the file seam: :mod:`impl.files`).
+        self._files: FileAccess = LocalFiles(path) if files is None else files
         self._meta = meta
         self._dtype: np.dtype[Any] = np.dtype(meta["dtype"])
         try:
@@ -334,11 +332,11 @@ class TokenStore:
         self._tables: dict[str, np.ndarray] = {}
         if self._version >= 3:
             self._table_at = [0, *itertools.accumulate(-(-r.size // self._block_bytes) for r in self._records)]
-            check_crc_table_size(path, meta, CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
+            check_crc_table_size(self._files, path, meta, CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
         #: Format 4: one byte per document of the store, 1 once its CRC passed (a demand-zero map, made on first use).
         self._documents_verified: mmap.mmap | None = None
         if self._version >= 4:
-            check_crc_table_size(path, meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
+            check_crc_table_size(self._files, path, meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
         self._map_lock = threading.Lock()
         self._closed = False
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
@@ -418,25 +416,23 @@ class TokenStore:
         reads.
         """
         name = rec.name
-        fp = f"{self._root}/{name}"
         if not name or "/" in name or name in (".", ".."):
             raise StoreCorruptError(f"{self._where(name)}: invalid file name in {META_FILE}; {REBUILD_HINT}")
-        try:
-            st = os.stat(fp)
-        except FileNotFoundError:
-            raise StoreCorruptError(f"{self._where(name)} is missing; {REBUILD_HINT}") from None
-        if st.st_size == rec.size and not content:
+        st = self._files.stat(name)
+        if st is None:
+            raise StoreCorruptError(f"{self._where(name)} is missing; {REBUILD_HINT}")
+        if st.size == rec.size and not content:
             return
         where = self._where(name)
-        if st.st_size < rec.size:
+        if st.size < rec.size:
             raise StoreCorruptError(
-                f"{where} is truncated ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
+                f"{where} is truncated ({st.size} bytes, {rec.size} when built); {REBUILD_HINT}"
             )
-        if st.st_size != rec.size:
+        if st.size != rec.size:
             raise StoreCorruptError(
-                f"{where} changed since it was built ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
+                f"{where} changed since it was built ({st.size} bytes, {rec.size} when built); {REBUILD_HINT}"
             )
-        if content and quick_signature(fp, st.st_size) != rec.quick_signature:
+        if content and quick_signature_of(self._files, name) != rec.quick_signature:
             raise StoreCorruptError(
                 f"{where} changed since it was built (its first/last {QUICK_SIGNATURE_BYTES // 1024} KiB differ "
                 f"from the recorded signature); {REBUILD_HINT}"
@@ -475,7 +471,7 @@ class TokenStore:
         """CRC table ``name``'s ``entries`` recorded CRC-32s (big-endian uint32), one read-only mapping made on first use."""
         table = self._tables.get(name)
         if table is None:
-            mm = _map_read_only(f"{self._root}/{name}", self._table_where(name), 4 * entries)
+            mm = _map_read_only(self._files, name, self._table_where(name), 4 * entries)
             table = self._tables[name] = np.frombuffer(mm, dtype=">u4")
         return table
 
@@ -521,7 +517,7 @@ class TokenStore:
         offsets_at = self._recorded_buffer(rec, "offsets", 0 if no_offsets else (docs + 1) * OFFSET_BYTES,
                                            OFFSET_BYTES)
         values_at = self._recorded_buffer(rec, "values", rec.num_tokens * item, item)
-        mm = _map_read_only(f"{self._root}/{rec.name}", self._where(rec.name), rec.size)
+        mm = _map_read_only(self._files, rec.name, self._where(rec.name), rec.size)
         if no_offsets:
             offsets = np.zeros(1, dtype=np.int64)
             offsets.setflags(write=False)
@@ -539,11 +535,10 @@ class TokenStore:
         buffer layout (``signature``: their quick signature first, since the
         Arrow metadata read here is not block-checked), and of :meth:`verify`.
         """
-        fp = self._path / rec.name
         where = self._where(rec.name)
         self._check_file(rec, content=signature)
         try:
-            col, whole = _open_arrow(fp)
+            col, whole = _open_arrow(_map_read_only(self._files, rec.name, where, rec.size), self._files.where(rec.name))
         except StoreCorruptError:
             raise
         except (pa.ArrowException, OSError) as exc:
@@ -559,7 +554,7 @@ class TokenStore:
             )
         if whole.size != rec.size:
             raise StoreCorruptError(f"{where} changed size while being mapped; {REBUILD_HINT}")
-        layout = buffer_layout(fp, col, whole)
+        layout = buffer_layout(self._files.where(rec.name), col, whole)
         offsets = col.offsets.to_numpy(zero_copy_only=True)
         if len(offsets) == 0:  # Arrow may store a 0-length list array with no offsets at all
             offsets = np.zeros(1, dtype=np.int64)
@@ -869,8 +864,15 @@ class TokenStore:
             self._first_read(f, blocks, lo, hi)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, verify: bool = False) -> TokenStore:
+    def open(cls, path: str | os.PathLike[str], *, verify: bool = False, files: FileAccess | None = None) -> TokenStore:
         """Open a built store, checking it cheaply; ``verify=True`` also re-hashes every file.
+
+        ``files`` is where the store's files are read from, by name relative
+        to its root (:mod:`impl.files`; default ``LocalFiles(path)``, the
+        directory ``path``); ``path`` then only names the store (messages,
+        plan cache keys). Every byte the store reads (``meta.json``, the CRC
+        tables, the token files' sizes, signatures and mappings) goes
+        through it.
 
         Checks at open (none opens a token file): ``meta.json`` exists and
         parses; format name and version are known (StoreVersionError for a
@@ -885,28 +887,30 @@ class TokenStore:
         then, with the same error type.
         """
         root = Path(path)
-        meta_path = root / META_FILE
+        access: FileAccess = LocalFiles(root) if files is None else files
         try:
-            raw = meta_path.read_bytes()   # the directory is looked at only when this fails (a resume opens a store)
-        except (FileNotFoundError, NotADirectoryError):
-            if not root.exists():
+            raw = bytes(access.map(META_FILE))   # the directory is looked at only when this fails (a resume opens a store)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            local = Path(access.root) if isinstance(access, LocalFiles) else None
+            if local is not None and not local.exists():
                 raise StoreNotFoundError(
                     f"no token store at {root}: the directory does not exist; build it with "
                     f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
                 ) from None
-            if not root.is_dir():
+            if local is not None and not local.is_dir():
                 raise StoreNotFoundError(
                     f"{root} is a file, not a token store directory; pass the store's directory") from None
             raise StoreNotFoundError(
-                f"{root} has no {META_FILE}: it is not a token store (or its build never finished); build it with "
-                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
+                f"{root if local is not None else access.where('')} has no {META_FILE}: it is not a token store (or "
+                f"its build never finished); build it with TokenStore.build(source, tokenizer, {str(root)!r}) "
+                "(CLI: `loadspec build ...`)"
             ) from None
         try:
             meta = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreCorruptError(f"{meta_path} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
+            raise StoreCorruptError(f"{access.where(META_FILE)} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
         validate_meta(root, meta)
-        store = cls(root, meta)
+        store = cls(root, meta, access)
         if verify:
             store.verify()
         return store
@@ -1376,7 +1380,7 @@ class TokenStore:
             if self._version < spec.since:
                 continue
             recorded = self._meta["layout"][spec.key]["sha256"]
-            digest = sha256_file(self._path / spec.name)
+            digest = sha256_of(self._files, spec.name)
             if digest != recorded:
                 raise StoreCorruptError(
                     f"{self._table_where(spec.name)} changed since it was built (sha256 {digest[:16]}..., recorded "
@@ -1387,7 +1391,7 @@ class TokenStore:
             self._map(f)
             blocks = self._blocks[f]
             if blocks is None:
-                digest = sha256_file(self._path / rec.name)
+                digest = sha256_of(self._files, rec.name)
             else:
                 blocks.reset()
                 self._verify_span(rec, blocks, 0, blocks.count - 1)
@@ -1455,18 +1459,18 @@ class TokenStore:
             self._tables = {}
             self._documents_verified = None
 
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # Processes (e.g. DataLoader workers under spawn) get the path and fingerprint,
-        # never the tokens; the receiver re-opens and checks it sees the same store.
-        return (_reopen, (str(self._path), self.fingerprint))
+    def __reduce__(self) -> tuple[Any, tuple[str, str, FileAccess]]:
+        # Processes (e.g. DataLoader workers under spawn) get the path, fingerprint and file access,
+        # never the tokens; the receiver re-opens through the same access and checks it sees the same store.
+        return (_reopen, (str(self._path), self.fingerprint, self._files))
 
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _reopen(path: str, fingerprint: str) -> TokenStore:
-    store = TokenStore.open(path)
+def _reopen(path: str, fingerprint: str, files: FileAccess | None = None) -> TokenStore:
+    store = TokenStore.open(path, files=files)
     if store.fingerprint != fingerprint:
         raise StoreCorruptError(
             f"token store {path} changed (fingerprint {store.fingerprint[:16]}..., expected {fingerprint[:16]}...) "

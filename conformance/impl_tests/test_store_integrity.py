@@ -711,13 +711,13 @@ def test_a_format_2_store_without_recorded_buffers_reads_through_arrow_after_its
     expected = [d.tolist() for d in TokenStore.open(four)]
     _edit_records(four, lambda r: r.pop("buffers"))
     signed = []
-    real = store_module.quick_signature
+    real = store_module.quick_signature_of
 
-    def sign(path, size=None):
-        signed.append(Path(path).name)
-        return real(path, size)
+    def sign(files, name):
+        signed.append(name)
+        return real(files, name)
 
-    monkeypatch.setattr(store_module, "quick_signature", sign)
+    monkeypatch.setattr(store_module, "quick_signature_of", sign)
     store = TokenStore.open(four)
     assert store[len(store) - 1].tolist() == expected[-1]
     assert signed == ["tokens-00003.arrow"]

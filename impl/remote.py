@@ -286,9 +286,10 @@ class RemoteFiles:
                 raise FileNotFoundError(f"{self.where(name)} does not exist ({scrub(str(exc))})") from None
             except Exception as exc:  # noqa: BLE001 - transient: 5xx, resets, stalls, truncation, client errors
                 if i == tries:
+                    kind = "stalled" if isinstance(exc, _Stalled) else type(exc).__name__
                     raise DownloadError(
                         f"{self.where(name)}: {what} failed after {tries} attempt{'s' if tries > 1 else ''} "
-                        f"(download_retry={self._config.download_retry}); last cause: {type(exc).__name__}: "
+                        f"(download_retry={self._config.download_retry}); last cause: {kind}: "
                         f"{scrub(str(exc)) or 'no message'}; retry later or raise download_retry") from None
                 time.sleep(_BACKOFF_S * 2 ** (i - 1))
         raise AssertionError("unreachable")

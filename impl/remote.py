@@ -184,6 +184,16 @@ class RemoteFiles:
         return (_rebuild, (self._config, dict(self._sha256)))
 
     @property
+    def keep_mapped(self) -> int | None:
+        """How many files a store reading through this access keeps mapped: 2 under a ``cache_limit``, else all.
+
+        A mapped file is held in the node's cache (never evicted), so a
+        bounded cache needs readers that let go of the files they are done
+        with; two covers a read spanning a file boundary.
+        """
+        return None if self._config.cache_limit is None else 2
+
+    @property
     def config(self) -> RemoteConfig:
         return self._config
 
@@ -371,3 +381,42 @@ def _rebuild(config: RemoteConfig, sha256: dict[str, str]) -> RemoteFiles:
     files._setup()
     files._sha256 = dict(sha256)
     return files
+
+
+def open_store(remote: str, local: str | os.PathLike[str], *, verify: bool = False,
+               cache_limit: int | str | None = None, download_retry: int = 2, download_timeout: float = 60.0,
+               validate_hash: str | None = None, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """The token store at ``remote`` (any fsspec URL) read through a node-local cache in ``local``.
+
+    What ``TokenStore.open(remote, local=...)`` does. ``meta.json`` is read
+    first; then a ``cache_limit`` that cannot hold what a reader maps at once
+    (``meta.json``, the CRC tables and two of the largest token files, see
+    :attr:`RemoteFiles.keep_mapped`) is refused before any token file is
+    downloaded, naming the bytes it needs. With ``validate_hash="sha256"``
+    each token file is hashed as it downloads against its ``meta.json``
+    record.
+
+    >>> store = open_store("s3://bucket/store", "/local_disk/cache", cache_limit="20gb")   # doctest: +SKIP
+    """
+    from impl.errors import CacheLimitError
+    from impl.store import TokenStore
+
+    files = RemoteFiles(remote, local, cache_limit=cache_limit, download_retry=download_retry,
+                        download_timeout=download_timeout, validate_hash=validate_hash,
+                        storage_options=storage_options)
+    store = TokenStore.open(remote, files=files)
+    files.expect_sha256({rec.name: rec.sha256 for rec in store.file_records})
+    limit = files.config.cache_limit
+    if limit is not None:
+        tables = sum(st.size for name in ("meta.json", "blocks.crc32", "documents.crc32")
+                     if (st := files.stat(name)) is not None)
+        largest = sorted((rec.size for rec in store.file_records), reverse=True)[: files.keep_mapped or 1]
+        needed = tables + sum(largest)
+        if needed > limit:
+            raise CacheLimitError(
+                f"cache_limit is {limit} bytes but reading {redact_url(remote)} maps up to {needed} bytes at once "
+                f"(meta.json and the CRC tables, {tables} bytes, and its {len(largest)} largest token files): "
+                f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
+    if verify:
+        store.verify()
+    return store

@@ -73,6 +73,8 @@ from impl._crc import crc32
 from impl.encoding import TokenizerInfo
 from impl.errors import (
     REBUILD_HINT,
+    ConfigError,
+    LoadspecError,
     SourceError,
     StoreCorruptError,
     StoreError,
@@ -158,6 +160,8 @@ def _map_read_only(files: FileAccess, name: str, where: str, size: int) -> mmap.
     """
     try:
         mm = files.map(name)
+    except LoadspecError:
+        raise   # the access's own typed refusal (a remote download, a full cache) names its fix, not a rebuild
     except FileNotFoundError:
         raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
     except (OSError, ValueError) as exc:
@@ -341,6 +345,9 @@ class TokenStore:
         self._closed = False
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
         self._blocks: list[_Blocks | None] = [None] * len(self._records)
+        #: Files mapped by this object, least recently mapped first; an access with ``keep_mapped`` (a remote one
+        #: under a ``cache_limit``, :mod:`impl.remote`) gets all but that many released again (:meth:`_release_old`).
+        self._map_order: list[int] = []
         self._values = _Parts(self, 0)
         self._offsets = _Parts(self, 1)
         counts = [r.num_documents for r in self._records]
@@ -371,7 +378,29 @@ class TokenStore:
                 mapped = self._mapped[f]
                 if mapped is None:
                     mapped = self._mapped[f] = self._map_file(self._records[f])
+                    self._release_old(f)
         return mapped
+
+    def _release_old(self, f: int) -> None:
+        """Drop this object's mappings of all but the ``keep_mapped`` files mapped last (under ``_map_lock``).
+
+        Why: a remote access evicts from its bounded node cache only files no
+        reader maps, so a store that kept every file it ever read mapped
+        would pin the whole store there. A released file is mapped (and CRC'd:
+        its verified marks go with it, as the next copy may be a new download)
+        again on its next use; views already handed out keep their own
+        mapping. Meant for a store object read from one thread at a time.
+        """
+        keep = getattr(self._files, "keep_mapped", None)
+        order = self._map_order
+        order.append(f)
+        if keep is None:
+            return
+        while len(order) > max(1, int(keep)):
+            g = order.pop(0)
+            blocks, self._mapped[g], self._blocks[g] = self._blocks[g], None, None
+            if blocks is not None:
+                blocks.reset()
 
     def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
         """File ``f``'s (values, offsets), mapped on first use, every block of its offsets checked."""
@@ -864,7 +893,8 @@ class TokenStore:
             self._first_read(f, blocks, lo, hi)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, verify: bool = False, files: FileAccess | None = None) -> TokenStore:
+    def open(cls, path: str | os.PathLike[str], *, verify: bool = False, files: FileAccess | None = None,
+             local: str | os.PathLike[str] | None = None, **remote: Any) -> TokenStore:
         """Open a built store, checking it cheaply; ``verify=True`` also re-hashes every file.
 
         ``files`` is where the store's files are read from, by name relative
@@ -885,7 +915,20 @@ class TokenStore:
         against the record. Every format-2 block, of offsets or of tokens, is
         CRC'd before its first use. A file changed since the build is refused
         then, with the same error type.
+
+        A URL (``s3://bucket/store``, any fsspec protocol) with ``local``, a
+        node-local cache directory, opens the store through
+        :class:`impl.remote.RemoteFiles`; ``remote`` takes its options
+        (``cache_limit``, ``download_retry``, ``download_timeout``,
+        ``validate_hash``, ``storage_options``): :func:`impl.remote.open_store`.
         """
+        if files is None and (local is not None or remote or "://" in str(path)):
+            from impl.remote import open_store  # a remote store: fsspec and the node-local cache
+
+            if local is None:
+                raise ConfigError(f"{path} is a URL: pass a local cache directory, "
+                                  f"TokenStore.open({str(path)!r}, local='/local_disk/cache')")
+            return open_store(str(path), local, verify=verify, **remote)   # type: ignore[no-any-return]
         root = Path(path)
         access: FileAccess = LocalFiles(root) if files is None else files
         try:
@@ -1454,6 +1497,7 @@ class TokenStore:
             self._closed = True
             self._mapped = [None] * len(self._records)
             self._blocks = [None] * len(self._records)
+            self._map_order = []
             self._doc_offsets = None
             self._lengths = None
             self._tables = {}

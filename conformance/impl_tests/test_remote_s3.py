@@ -16,7 +16,7 @@ import pytest
 
 from conformance.impl_tests.remote_servers import CREDENTIALS, FaultProxy, S3Server, s3_options
 from impl.cache import STATE_DIR
-from impl.errors import DownloadError, RemoteChangedError, StoreCorruptError
+from impl.errors import CacheLimitError, ConfigError, DownloadError, RemoteChangedError, StoreCorruptError
 from impl.remote import RemoteFiles
 from impl.store import TokenStore
 
@@ -25,9 +25,10 @@ REMOTE = f"s3://{BUCKET}/{PREFIX}"
 VICTIM = "tokens-00002.arrow"
 
 
-def _documents(seed: int) -> list[list[list[int]]]:
+def _documents(seed: int, files: int = 4, docs: int = 40) -> list[list[list[int]]]:
     rng = np.random.default_rng(seed)
-    return [[rng.integers(0, 50_000, size=int(rng.integers(50, 3000))).tolist() for _ in range(40)] for _ in range(4)]
+    return [[rng.integers(0, 50_000, size=int(rng.integers(50, 3000))).tolist() for _ in range(docs)]
+            for _ in range(files)]
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +204,82 @@ def test_a_process_killed_mid_download_leaves_nothing_trusted_and_its_lock_and_p
         assert bytes(files.map(VICTIM)) == (s3.local_store / VICTIM).read_bytes()
         assert files.downloads == 1
         assert os.listdir(cache / STATE_DIR / "partial") == []
+
+
+def _cached_bytes(cache: Path) -> int:
+    return sum(p.stat().st_size for p in cache.iterdir() if p.is_file())
+
+
+def test_reading_the_whole_store_twice_under_a_third_of_its_size_evicts_but_never_a_held_file(s3, tmp_path):
+    built = tmp_path / "many"
+    TokenStore.from_token_files(_documents(2, files=12, docs=12), built, vocab_size=50_000)
+    s3.upload_dir(built, BUCKET, "many")
+    limit = sum(p.stat().st_size for p in built.iterdir()) // 3
+    cache = tmp_path / "cache"
+    files = RemoteFiles(f"s3://{BUCKET}/many", cache, cache_limit=limit, storage_options=s3_options(s3.url))
+    store = TokenStore.open(f"s3://{BUCKET}/many", files=files)
+    want = _all_documents(TokenStore.open(built))
+    first = store.file_records[0].name
+    held = store[0]                                   # a reader keeps a view of file 0 throughout
+    for _ in range(2):
+        got = []
+        for i in range(len(store)):
+            got.append(np.asarray(store[i]).tobytes())
+            assert _cached_bytes(cache) <= limit
+            assert (cache / first).exists()
+        assert got == want
+    assert np.asarray(held).tobytes() == want[0]
+    assert files.downloads >= 2 * store.num_files     # every token file evicted and fetched again in epoch 2
+
+
+def test_token_store_open_takes_a_url_and_a_local_cache_and_refuses_a_url_without_one(s3, tmp_path):
+    store = TokenStore.open(REMOTE, local=tmp_path / "cache", storage_options=s3_options(s3.url))
+    assert _all_documents(store) == _all_documents(TokenStore.open(s3.local_store))
+    with pytest.raises(ConfigError, match=r"is a URL: pass a local cache directory, TokenStore.open\("):
+        TokenStore.open(REMOTE)
+
+
+def test_a_cache_limit_that_cannot_hold_one_read_is_refused_at_open_with_the_bytes_it_needs(s3, tmp_path):
+    cache = tmp_path / "cache"
+    sizes = sorted((p.stat().st_size for p in s3.local_store.glob("tokens-*")), reverse=True)
+    tables = sum(p.stat().st_size for p in s3.local_store.iterdir() if not p.name.startswith("tokens-"))
+    needed = tables + sizes[0] + sizes[1]
+    with pytest.raises(CacheLimitError, match=rf"raise cache_limit to at least {needed} bytes"):
+        TokenStore.open(REMOTE, local=cache, cache_limit=needed - 1, storage_options=s3_options(s3.url))
+    assert not list(cache.glob("tokens-*"))
+    TokenStore.open(REMOTE, local=cache, cache_limit=needed, storage_options=s3_options(s3.url))
+
+
+def test_a_file_larger_than_cache_limit_reaches_the_reader_as_a_cache_limit_error_not_a_corrupt_store(s3, tmp_path):
+    files = RemoteFiles(REMOTE, tmp_path / "cache", cache_limit=10_000, storage_options=s3_options(s3.url))
+    store = TokenStore.open(REMOTE, files=files)
+    with pytest.raises(CacheLimitError, match=r"raise cache_limit to at least \d+ bytes"):
+        _all_documents(store)
+
+
+def test_validate_hash_sha256_checks_each_token_file_against_its_meta_json_record_as_it_downloads(s3, tmp_path):
+    cache = tmp_path / "cache"
+    with FaultProxy(s3.url) as proxy:
+        proxy.add(VICTIM, "flip", times=-1)
+        store = TokenStore.open(REMOTE, local=cache, validate_hash="sha256", download_retry=0,
+                                storage_options=_no_checksums(proxy.url))
+        with pytest.raises(DownloadError, match=r"after 1 attempt .*the body's sha256 is [0-9a-f]{64}"):
+            _all_documents(store)
+    _cache_is_clean(cache, VICTIM)
+
+
+def test_a_packed_dataset_over_the_remote_store_yields_the_local_stores_samples_and_writes_no_url_directory(
+        s3, tmp_path, monkeypatch):
+    from impl.dataset import PackedDataset
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    remote = TokenStore.open(REMOTE, local=tmp_path / "cache", storage_options=s3_options(s3.url))
+    local = TokenStore.open(s3.local_store)
+    a = PackedDataset(remote, seq_len=64, shuffle="global", seed=3)
+    b = PackedDataset(local, seq_len=64, shuffle="global", seed=3, cache_dir=False)
+    assert len(a) == len(b)
+    for i in range(len(a)):
+        for key, value in a.sample(0, i).items():
+            np.testing.assert_array_equal(value, b.sample(0, i)[key])
+    assert not (tmp_path / "s3:").exists()

@@ -283,3 +283,48 @@ def test_a_packed_dataset_over_the_remote_store_yields_the_local_stores_samples_
         for key, value in a.sample(0, i).items():
             np.testing.assert_array_equal(value, b.sample(0, i)[key])
     assert not (tmp_path / "s3:").exists()
+
+
+def _cache_bytes_now(cache: Path) -> int:
+    total = 0
+    for entry in os.scandir(cache):
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except FileNotFoundError:   # evicted by the other reader meanwhile
+            pass
+    return total
+
+
+def _read_under_limit(url: str, endpoint: str, cache: str, limit: int, reverse: bool,
+                      out: mp.Queue) -> None:   # type: ignore[type-arg]
+    store = TokenStore.open(url, local=cache, cache_limit=limit, download_timeout=5.0,
+                            storage_options=s3_options(endpoint))
+    order = range(len(store) - 1, -1, -1) if reverse else range(len(store))
+    docs, over = {}, 0
+    for i in order:
+        docs[i] = np.asarray(store[i]).tobytes()
+        over = max(over, _cache_bytes_now(Path(cache)) - limit)
+    out.put((store._files.downloads, over, [docs[i] for i in range(len(store))]))
+
+
+def test_two_processes_reading_in_opposite_orders_under_a_third_of_the_store_share_the_cache_and_evict_safely(
+        s3, tmp_path):
+    built = tmp_path / "eighteen"
+    TokenStore.from_token_files(_documents(3, files=18, docs=8), built, vocab_size=50_000)
+    s3.upload_dir(built, BUCKET, "eighteen")
+    limit = sum(p.stat().st_size for p in built.iterdir()) // 3
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_read_under_limit, args=(f"s3://{BUCKET}/eighteen", s3.url, str(tmp_path / "cache"),
+                                                          limit, reverse, out)) for reverse in (False, True)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=180) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    want = _all_documents(TokenStore.open(built))
+    assert all(docs == want for _, _, docs in results)
+    assert all(over <= 0 for _, over, _ in results)                 # the cache never held more than cache_limit
+    assert sum(n for n, _, _ in results) > len(os.listdir(built))   # evictions: more than one download a file

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from impl.cache import STATE_DIR, parse_bytes
-from impl.errors import CacheLimitError, ConfigError, LoadspecError, RemoteChangedError
+from impl.errors import CacheLimitError, CacheWaitError, ConfigError, LoadspecError, RemoteChangedError
 from impl.files import FileAccess
 from impl.remote import RemoteFiles, redact_url, scrub
 
@@ -186,3 +186,12 @@ def test_two_processes_of_a_node_share_one_download_of_each_file(tmp_path):
         assert p.exitcode == 0
     assert sum(downloads for downloads, _ in results) == len(content)
     assert all(got == content for _, got in results)
+
+
+def test_waiting_on_a_download_that_makes_no_progress_is_bounded_and_names_the_holder(tmp_path):
+    root, content = _remote(tmp_path, [4 * KIB])
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache", download_timeout=0.2, download_retry=0)
+    waits = pytest.raises(CacheWaitError, match=rf"held by host '.+' pid {os.getpid()} .*made no progress")
+    with files.cache.download_lock("f0.bin"), waits:   # another holder (its own lock description), never progressing
+        files.map("f0.bin")
+    assert bytes(files.map("f0.bin")) == content["f0.bin"]   # released: the next reader downloads it

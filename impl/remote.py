@@ -29,7 +29,8 @@ Worked example::
 
     files = RemoteFiles("s3://bucket/store", "/local_disk/cache", cache_limit="50gb")
     store = TokenStore.open("s3://bucket/store", files=files)
-    # or, equivalently: open_store("s3://bucket/store", "/local_disk/cache", cache_limit="50gb")
+    # or, equivalently (also checks cache_limit against the store's files, and sets validate_hash's digests):
+    store = TokenStore.open("s3://bucket/store", local="/local_disk/cache", cache_limit="50gb")
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from impl.cache import NodeCache, parse_bytes
-from impl.errors import ConfigError, DownloadError, RemoteChangedError, RemoteError
+from impl.errors import CacheLimitError, ConfigError, DownloadError, RemoteChangedError, RemoteError
 from impl.files import FileStat
 
 __all__ = ["RemoteConfig", "RemoteFiles", "redact_url"]
@@ -247,6 +248,27 @@ class RemoteFiles:
     def open(self, name: str) -> BinaryIO:
         return self._cache.stream_held(self._held(name))
 
+    def check_room(self, token_files: Mapping[str, int], tables: tuple[str, ...] = ("meta.json", "blocks.crc32",
+                                                                                     "documents.crc32")) -> None:
+        """Refuse a ``cache_limit`` that cannot hold what one reader maps at once, naming the bytes it needs.
+
+        A store maps its ``tables`` for its lifetime and up to
+        :attr:`keep_mapped` token files (``token_files``: name -> size)
+        besides; ``TokenStore.open(url, local=...)`` calls this before any
+        token file is downloaded.
+        """
+        limit = self._config.cache_limit
+        if limit is None:
+            return
+        fixed = sum(st.size for name in tables if (st := self.stat(name)) is not None)
+        largest = sorted(token_files.values(), reverse=True)[: self.keep_mapped or 1]
+        needed = fixed + sum(largest)
+        if needed > limit:
+            raise CacheLimitError(
+                f"cache_limit is {limit} bytes but reading {redact_url(self._config.remote)} maps up to {needed} "
+                f"bytes at once ({', '.join(tables)}: {fixed} bytes, and its {len(largest)} largest token files): "
+                f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
+
     def expect_sha256(self, digests: Mapping[str, str]) -> None:
         """Record the sha256 each named file must have (checked when ``validate_hash="sha256"``)."""
         self._sha256.update(digests)
@@ -382,41 +404,3 @@ def _rebuild(config: RemoteConfig, sha256: dict[str, str]) -> RemoteFiles:
     files._sha256 = dict(sha256)
     return files
 
-
-def open_store(remote: str, local: str | os.PathLike[str], *, verify: bool = False,
-               cache_limit: int | str | None = None, download_retry: int = 2, download_timeout: float = 60.0,
-               validate_hash: str | None = None, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """The token store at ``remote`` (any fsspec URL) read through a node-local cache in ``local``.
-
-    What ``TokenStore.open(remote, local=...)`` does. ``meta.json`` is read
-    first; then a ``cache_limit`` that cannot hold what a reader maps at once
-    (``meta.json``, the CRC tables and two of the largest token files, see
-    :attr:`RemoteFiles.keep_mapped`) is refused before any token file is
-    downloaded, naming the bytes it needs. With ``validate_hash="sha256"``
-    each token file is hashed as it downloads against its ``meta.json``
-    record.
-
-    >>> store = open_store("s3://bucket/store", "/local_disk/cache", cache_limit="20gb")   # doctest: +SKIP
-    """
-    from impl.errors import CacheLimitError
-    from impl.store import TokenStore
-
-    files = RemoteFiles(remote, local, cache_limit=cache_limit, download_retry=download_retry,
-                        download_timeout=download_timeout, validate_hash=validate_hash,
-                        storage_options=storage_options)
-    store = TokenStore.open(remote, files=files)
-    files.expect_sha256({rec.name: rec.sha256 for rec in store.file_records})
-    limit = files.config.cache_limit
-    if limit is not None:
-        tables = sum(st.size for name in ("meta.json", "blocks.crc32", "documents.crc32")
-                     if (st := files.stat(name)) is not None)
-        largest = sorted((rec.size for rec in store.file_records), reverse=True)[: files.keep_mapped or 1]
-        needed = tables + sum(largest)
-        if needed > limit:
-            raise CacheLimitError(
-                f"cache_limit is {limit} bytes but reading {redact_url(remote)} maps up to {needed} bytes at once "
-                f"(meta.json and the CRC tables, {tables} bytes, and its {len(largest)} largest token files): "
-                f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
-    if verify:
-        store.verify()
-    return store

@@ -255,10 +255,10 @@ class RunAudit:
         self.unverified: list[tuple[int, int, int, str]] = []
         real = TokenSource.gather
 
-        def gather(source, out, files, starts, stops, dest, tail=None):
+        def gather(source, out, files, starts, stops, dest, tail=None, docs=None):
             for run in zip(np.asarray(files).tolist(), np.asarray(starts).tolist(), np.asarray(stops).tolist()):
                 self.audit(*run)
-            return real(source, out, files, starts, stops, dest, tail)
+            return real(source, out, files, starts, stops, dest, tail, docs)
 
         monkeypatch.setattr(TokenSource, "gather", gather)
 

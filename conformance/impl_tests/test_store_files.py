@@ -125,3 +125,55 @@ def test_a_changed_file_behind_the_access_is_refused_naming_it_as_the_access_doe
     store = TokenStore.open("mem-store", files=MemoryFiles(blobs))
     with pytest.raises(StoreCorruptError, match=r"blocks\.crc32 changed since it was built"):
         store.verify()
+
+
+# --------------------------------------------------------------------------- the one checked read
+
+
+def _runs(store: TokenStore, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+    """``n`` random runs, each inside one document: (files, starts, stops, file-local docs, global docs, lo, hi)."""
+    docs = rng.integers(0, len(store), size=n)
+    files = np.searchsorted(np.asarray(store.file_document_starts), docs, side="right") - 1
+    local = docs - np.asarray(store.file_document_starts)[files]
+    starts, lengths = store.document_bounds_batch(files, local)
+    lo = (rng.random(n) * (lengths + 1)).astype(np.int64)
+    hi = lo + (rng.random(n) * (lengths - lo + 1)).astype(np.int64)
+    return files, starts + lo, starts + hi, local, docs, lo, hi
+
+
+@pytest.mark.parametrize("copy", ["slices", "fancy index"])
+@pytest.mark.parametrize("with_docs", [True, False])
+def test_read_runs_gives_exactly_the_slices_of_the_documents_the_runs_lie_in(store_dir, monkeypatch, copy, with_docs):
+    import impl.store as store_module
+
+    monkeypatch.setattr(store_module, "SLICE_MIN_WIDTH", 0 if copy == "slices" else 10**9)
+    clean = TokenStore.open(store_dir)
+    store = TokenStore.open(store_dir)
+    files, starts, stops, local, docs, lo, hi = _runs(clean, np.random.default_rng(3), 50)
+    got = store.read_runs(files, starts, stops, docs=local if with_docs else None)
+    expected = [clean[int(d)][a:b] for d, a, b in zip(docs.tolist(), lo.tolist(), hi.tolist())]
+    assert got.dtype == clean.dtype
+    assert got.tolist() == np.concatenate(expected).tolist()
+    last, front = expected[-1].tolist(), np.concatenate(expected[:-1]).tolist()
+    out, tail = np.full(len(front) + 5, -1, dtype=np.int64), np.full(len(last) + 3, -1, dtype=np.int64)
+    dest = np.concatenate(([0], np.cumsum(stops - starts)[:-1]))
+    dest[-1] = len(out)   # a dest past out addresses tail: the last run goes there
+    store.read_runs(files, starts, stops, docs=local if with_docs else None, out=out, dest=dest, tail=tail)
+    assert out.tolist() == front + [-1] * 5
+    assert tail.tolist() == last + [-1] * 3
+
+
+@pytest.mark.parametrize("with_docs", [True, False])
+def test_read_runs_refuses_a_run_whose_bytes_changed_since_the_build(store_dir, with_docs):
+    store = TokenStore.open(store_dir)
+    rec = store.file_records[1]
+    doc = max(range(rec.num_documents), key=lambda d: int(store.lengths[store.file_document_starts[1] + d]))
+    starts, lengths = store.document_bounds(1, np.array([doc]))
+    layout = store.meta["files"][1]["buffers"]["values"][0]
+    path = store_dir / rec.name
+    data = bytearray(path.read_bytes())
+    data[layout + 2 * int(starts[0] + lengths[0] // 2)] ^= 0xFF
+    path.write_bytes(bytes(data))
+    fresh = TokenStore.open(store_dir)
+    with pytest.raises(StoreCorruptError, match=rf"{rec.name} changed since it was built"):
+        fresh.read_runs(np.array([1]), starts, starts + lengths, docs=np.array([doc]) if with_docs else None)

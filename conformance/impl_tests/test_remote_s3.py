@@ -328,3 +328,21 @@ def test_two_processes_reading_in_opposite_orders_under_a_third_of_the_store_sha
     assert all(docs == want for _, _, docs in results)
     assert all(over <= 0 for _, over, _ in results)                 # the cache never held more than cache_limit
     assert sum(n for n, _, _ in results) > len(os.listdir(built))   # evictions: more than one download a file
+
+
+def test_a_file_released_evicted_and_downloaded_again_corrupted_is_checked_anew_never_served_as_verified(
+        s3, tmp_path):
+    built = tmp_path / "again"
+    TokenStore.from_token_files(_documents(4, files=12, docs=12), built, vocab_size=50_000)
+    s3.upload_dir(built, BUCKET, "again")
+    limit = sum(p.stat().st_size for p in built.iterdir()) // 3
+    want = _all_documents(TokenStore.open(built))
+    with FaultProxy(s3.url) as proxy:
+        files = RemoteFiles(f"s3://{BUCKET}/again", tmp_path / "cache", cache_limit=limit,
+                            storage_options=_no_checksums(proxy.url))
+        store = TokenStore.open(f"s3://{BUCKET}/again", files=files)
+        assert _all_documents(store) == want               # every document verified once, file 0 long evicted
+        assert not (tmp_path / "cache" / "tokens-00000.arrow").exists()
+        proxy.add("tokens-00000", "flip", times=-1)         # its next download arrives with a flipped byte
+        with pytest.raises(StoreCorruptError, match="tokens-00000.arrow"):
+            _all_documents(store)

@@ -31,10 +31,14 @@ if TYPE_CHECKING:
     )
     from impl.dataset import PackedDataset
     from impl.errors import (
+        CacheLimitError,
         ConfigError,
+        DownloadError,
         EmptyDataError,
         EvalBroadcastError,
         LoadspecError,
+        RemoteChangedError,
+        RemoteError,
         SourceError,
         SplitError,
         StateError,
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
     from impl.mixed_dataset import MixedDataset, interleave_datasets
     from impl.mixing import balance_remaining
     from impl.partition import ElasticSampler, distributed_topology
+    from impl.remote import RemoteFiles
     from impl.resume import Coverage, audit_coverage
     from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
     from impl.splits import SplitStore, select, slice_store, split_store
@@ -61,8 +66,10 @@ if TYPE_CHECKING:
 _MODULE_OF = {
     "BufferSortedDataset": "impl.bucketing",
     "BuildOptions": "impl.store",
+    "CacheLimitError": "impl.errors",
     "ConfigError": "impl.errors",
     "Coverage": "impl.resume",
+    "DownloadError": "impl.errors",
     "ElasticLoader": "impl.loader",
     "ElasticSampler": "impl.partition",
     "EmptyDataError": "impl.errors",
@@ -74,6 +81,9 @@ _MODULE_OF = {
     "MixedDataset": "impl.mixed_dataset",
     "PackedDataset": "impl.dataset",
     "PaddingSide1D": "impl.collation",
+    "RemoteChangedError": "impl.errors",
+    "RemoteError": "impl.errors",
+    "RemoteFiles": "impl.remote",
     "SampleBatch": "impl.collation",
     "SampleKey": "impl.keys",
     "ShardIndexingMode": "impl.sharding",
@@ -113,8 +123,10 @@ _MODULE_OF = {
 __all__ = [
     "BufferSortedDataset",
     "BuildOptions",
+    "CacheLimitError",
     "ConfigError",
     "Coverage",
+    "DownloadError",
     "ElasticLoader",
     "ElasticSampler",
     "EmptyDataError",
@@ -126,6 +138,9 @@ __all__ = [
     "MixedDataset",
     "PackedDataset",
     "PaddingSide1D",
+    "RemoteChangedError",
+    "RemoteError",
+    "RemoteFiles",
     "SampleBatch",
     "SampleKey",
     "ShardIndexingMode",

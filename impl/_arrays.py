@@ -15,11 +15,12 @@ A sort and a comparison give the same distinct values and import nothing.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 
 import numpy as np
 
-__all__ = ["demand_zero", "distinct", "distinct_ints", "exclusive_cumsum", "ranges"]
+__all__ = ["demand_zero", "distinct", "distinct_ints", "exclusive_cumsum", "groups", "ranges"]
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -89,3 +90,18 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     if total:
         out += np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths)
     return out
+
+
+def groups(files: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+    """``(value, selection)`` per distinct value of ``files`` (a non-empty int array); selection None when all share it.
+
+    >>> [(f, None if sel is None else sel.tolist()) for f, sel in groups(np.array([2, 0, 2]))]
+    [(0, [1]), (2, [0, 2])]
+    """
+    first = int(files[0])
+    if not (files != first).any():
+        return [(first, None)]
+    order = np.argsort(files, kind="stable")
+    ordered = files[order]
+    bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(files)]
+    return [(int(ordered[a]), order[a:b]) for a, b in itertools.pairwise(bounds)]

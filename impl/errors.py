@@ -31,13 +31,18 @@ from reference.errors import (
 
 __all__ = [
     "REBUILD_HINT",
+    "CacheLimitError",
+    "CacheWaitError",
     "ConfigError",
+    "DownloadError",
     "EmptyDataError",
     "EvalBroadcastError",
     "EvalBuildError",
     "FixturesNotFoundError",
     "LoadspecError",
     "LockTimeoutError",
+    "RemoteChangedError",
+    "RemoteError",
     "SharedEpochError",
     "SourceError",
     "SplitError",
@@ -127,3 +132,32 @@ class SharedEpochError(LoadspecError, RuntimeError):
 
 class FixturesNotFoundError(LoadspecError, FileNotFoundError):
     """The demos' data (the checkout's ``fixtures/``) is not beside this loadspec: it was installed from a wheel."""
+
+
+class RemoteError(LoadspecError):
+    """Files on remote storage (``s3://``, ``gs://``, ... through fsspec) cannot be read as asked.
+
+    Messages name the object by its URL without credentials (no user info, no
+    query string) and say what to do; the subclasses say which part failed.
+    """
+
+
+class DownloadError(RemoteError):
+    """A download failed after its retries (``download_retry``): names the URL, the attempts and the last cause.
+
+    Transient causes (HTTP 5xx, resets, a body stalled past ``download_timeout``,
+    a truncated or mis-hashed body) are retried first; a download that never
+    completed leaves nothing in the cache that is later trusted.
+    """
+
+
+class RemoteChangedError(RemoteError):
+    """A remote object's version (ETag, else size and mtime) moved since this reader first saw it: never mixed."""
+
+
+class CacheLimitError(RemoteError, ConfigError):
+    """``cache_limit`` cannot hold what a read needs (names the bytes needed), or held files did not free room in time."""
+
+
+class CacheWaitError(RemoteError, TimeoutError):
+    """Waiting on another process of the node (a download, an eviction) made no progress in time; names the holder."""

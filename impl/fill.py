@@ -9,12 +9,12 @@ Why a module apart from the plan: the plan is integers about documents
 fill is the only code that reads tokens. Keeping them apart keeps the one
 reader of tokens in one place: :class:`TokenSource` addresses documents as
 ``(file, file-local offset, length)`` and copies token ranges out of the
-file that holds them, mapping a file only when a batch first touches it. No
-token is copied unchecked: a format-4 store checks each document when it
-returns its bounds (``TokenStore.document_checks``), and the fill copies
-only tokens inside documents it located there; for a format 1-3 store the fill
-asks it to check the ranges (``TokenStore.check_blocks``) before copying
-them, once a batch.
+file that holds them. No token is copied unchecked, and the fill does not
+decide what must be checked: a store-backed source locates documents by the
+store's checked bounds (``TokenStore.document_bounds_batch``) and copies a
+batch's runs with the store's one checked read (``TokenStore.read_runs``),
+which verifies whatever the runs touch (their documents' CRCs, or their
+blocks) before copying them; the fill never holds a store's mappings.
 
 Samples: ``materialize_batch(plan, indices, ...)`` returns ``[B, L]`` arrays,
 row r being the reference's sample ``indices[r]`` (``-1``: the padding
@@ -38,12 +38,13 @@ Worked example (L = 4, lengths 3, 6, 1; the reference's doctest)::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import chain, pairwise
+from itertools import chain
 from typing import Any, cast
 
 import numpy as np
 
 from impl._arrays import demand_zero, distinct_ints, exclusive_cumsum, ranges
+from impl._arrays import groups as _groups
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, require
 from impl.packing import PackPlan
@@ -68,6 +69,8 @@ Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
 Checker = Callable[[int, np.ndarray, np.ndarray], None]
 Bounds = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 RunsChecker = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+Reader = Callable[..., Any]
+"""``read(files, starts, stops, docs=, out=, dest=, tail=)``: a store's checked copy of runs (``TokenStore.read_runs``)."""
 
 
 # ------------------------------------------------------------------ tokens
@@ -89,13 +92,9 @@ class TokenSource:
     ``check_runs(files, starts, stops)``, when given, is called instead of
     ``check`` with all of a batch's runs at once when they lie in several
     files (one call a batch, not one a file touched); ``check`` serves a
-    batch in one file and :meth:`concat`.
-    :meth:`from_store` wires these to ``TokenStore._map`` (which maps a file
-    the first time it is asked for), ``TokenStore.check_blocks``,
-    ``TokenStore.document_bounds_batch`` and
-    ``TokenStore.check_blocks_batch`` (for a format-4 store, whose bounds
-    check each document they return, only the first and the bounds: every
-    run lies inside a located document); nothing is read at construction.
+    batch in one file and :meth:`concat`. ``read``, when given (with
+    ``bounds``; :meth:`from_store` passes ``TokenStore.read_runs``), copies
+    the runs itself, checked, and ``load``/``check`` are not used.
 
     Why per document: a fresh resume's first batch names a few documents in
     each of many files; checking and copying each file's whole offsets
@@ -110,11 +109,11 @@ class TokenSource:
     [7, 5, 6]
     """
 
-    __slots__ = ("_bounds", "_check", "_check_runs", "_files", "_load", "_located", "_starts", "_untouched")
+    __slots__ = ("_bounds", "_check", "_check_runs", "_files", "_load", "_located", "_read", "_starts", "_untouched")
 
-    def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader,
-                 check: Checker | None = None, bounds: Bounds | None = None, check_runs: RunsChecker | None = None
-                 ) -> None:
+    def __init__(self, file_document_starts: Sequence[int] | np.ndarray, load: Loader | None,
+                 check: Checker | None = None, bounds: Bounds | None = None, check_runs: RunsChecker | None = None,
+                 read: Reader | None = None) -> None:
         starts = np.asarray(file_document_starts, dtype=_I64).reshape(-1)
         if not (len(starts) >= 2 and int(starts[0]) == 0 and bool((starts[1:] >= starts[:-1]).all())):
             raise ConfigError(f"file_document_starts={starts.tolist()!r} must start at 0, never decrease and name at "
@@ -124,27 +123,23 @@ class TokenSource:
         self._check = check
         self._bounds = bounds
         self._check_runs = check_runs
+        require(load is not None or (read is not None and bounds is not None), ConfigError,
+                "a TokenSource needs load, or read and bounds (a store's read_runs and document_bounds_batch)")
+        self._read = read
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
         self._located = _demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
         self._untouched = True                               # no locate yet: the first is answered without the table
 
     @classmethod
     def from_store(cls, store: Any) -> TokenSource:
-        """The store's files, each mapped by the store when a batch first touches it, offsets checked per document.
+        """The store's documents, located by its checked bounds and copied by its checked read; nothing read now.
 
-        A store without ``document_bounds_batch`` (a store-like object of the user's) hands
-        out files whose offsets ``_part`` checked whole. A store whose
-        bounds check every document they return (``document_checks``,
-        format 4) needs no run checks: :meth:`gather` copies only runs of
-        documents :meth:`locate` got from those bounds.
+        ``store`` is a :class:`~impl.store.TokenStore` or anything with its
+        ``file_document_starts``, ``document_bounds_batch`` and ``read_runs``
+        (a split): the store, never the fill, decides what must be verified
+        before a token is copied (its documents' CRCs, its blocks).
         """
-        bounds = getattr(store, "document_bounds_batch", None)
-        if bounds is None:
-            return cls(store.file_document_starts, store._part, store.check_blocks)
-        if getattr(store, "document_checks", False):  # bounds verify each document: runs inside them need no check
-            return cls(store.file_document_starts, store._map, None, bounds)
-        return cls(store.file_document_starts, store._map, store.check_blocks, bounds,
-                   getattr(store, "check_blocks_batch", None))
+        return cls(store.file_document_starts, None, bounds=store.document_bounds_batch, read=store.read_runs)
 
     @classmethod
     def from_files(cls, files: Sequence[Sequence[Sequence[int]]], dtype: Any = np.int64) -> TokenSource:
@@ -190,6 +185,15 @@ class TokenSource:
         def load(f: int) -> tuple[np.ndarray, np.ndarray]:
             return parts[owner[f]].file(local[f])
 
+        def read(files: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, docs: np.ndarray | None = None,
+                 out: np.ndarray, dest: np.ndarray, tail: np.ndarray | None = None) -> np.ndarray:
+            whose = owners[files]
+            for k, rows in _groups(whose):
+                pick = slice(None) if rows is None else rows
+                part_docs = None if docs is None else docs[pick] - doc_base[k]
+                parts[k].gather(out, locals_[files[pick]], starts[pick], stops[pick], dest[pick], tail, part_docs)
+            return out
+
         def check(f: int, a: np.ndarray, b: np.ndarray) -> None:
             part_check = parts[owner[f]]._check
             if part_check is not None:
@@ -212,6 +216,8 @@ class TokenSource:
             return start, length
 
         checked = any(part._check is not None for part in parts)
+        if any(part._read is not None for part in parts):
+            return cls(starts, load, None, bounds, read=read)
         return cls(starts, load, check if checked else None, bounds)
 
     @property
@@ -226,7 +232,8 @@ class TokenSource:
         """File ``f``'s ``(values, offsets)``, loaded on first use (without ``bounds``, its documents' bounds recorded then)."""
         got = self._files[f]
         if got is None:
-            got = self._load(f)
+            require(self._load is not None, ConfigError, "this TokenSource reads through its store: it loads no file")
+            got = self._load(f)  # type: ignore[misc]
             lo, hi = int(self._starts[f]), int(self._starts[f + 1])
             require(len(got[1]) == hi - lo + 1, ConfigError,
                     f"file {f} holds {len(got[1]) - 1} documents where {hi - lo} were announced")
@@ -236,16 +243,6 @@ class TokenSource:
                 np.subtract(offsets[1:], offsets[:-1] - 1, out=self._located[lo:hi, 1])
             self._files[f] = got
         return got
-
-    def _groups(self, files: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
-        """``(file, selection)`` per distinct file of ``files``; selection None when all share the file."""
-        first = int(files[0])
-        if not (files != first).any():
-            return [(first, None)]
-        order = np.argsort(files, kind="stable")
-        ordered = files[order]
-        bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(files)]
-        return [(int(ordered[a]), order[a:b]) for a, b in pairwise(bounds)]
 
     def locate(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(file, file-local start, length)`` of each document id in ``docs`` (int64; loads only their files)."""
@@ -283,11 +280,11 @@ class TokenSource:
             rows[docs, 0] = lo
             rows[docs, 1] = length + 1
             return
-        for f, _ in self._groups(files):
+        for f, _ in _groups(files):
             self.file(f)
 
     def gather(self, out: np.ndarray, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, dest: np.ndarray,
-               tail: np.ndarray | None = None) -> None:
+               tail: np.ndarray | None = None, docs: np.ndarray | None = None) -> None:
         """Copy run ``r`` (tokens ``starts[r]:stops[r]`` of file ``files[r]``, non-empty) to ``out[dest[r]:]``.
 
         A ``dest`` at or past ``len(out)`` addresses ``tail`` instead (at
@@ -300,7 +297,11 @@ class TokenSource:
         """
         if not len(files):
             return
-        groups = self._groups(files)
+        if self._read is not None:   # a store's checked read: docs (file-local) let it skip runs in verified documents
+            local = None if docs is None else docs - self._starts[files]
+            self._read(files, starts, stops, docs=local, out=out, dest=dest, tail=tail)
+            return
+        groups = _groups(files)
         check = self._check
         if self._check_runs is not None and len(groups) > 1:
             self._check_runs(files, starts, stops)
@@ -525,7 +526,7 @@ def fill_batch(counts: np.ndarray, doc_ids: np.ndarray, starts: np.ndarray, stop
     after = np.zeros(P, dtype=_I64)
     source.gather(tokens, np.concatenate((file[run], file[pick])), np.concatenate((c0[run], after_raw[pick])),
                   np.concatenate((c1[run], after_raw[pick] + 1)),
-                  np.concatenate(((heads + c0 - r0)[run], T + pick)), after)
+                  np.concatenate(((heads + c0 - r0)[run], T + pick)), after, np.concatenate((docs[run], docs[pick])))
     # Offsets 0 (add_bos) and m - 1 (add_eos), at most one position per piece each, lie outside the document.
     for on, at_offset, token in ((ab, np.zeros(P, dtype=_I64), config.bos_id), (ae, m - 1, config.eos_id)):
         if on:

@@ -33,6 +33,7 @@ import io
 import json
 import mmap
 import os
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -117,7 +118,8 @@ def plan_cache_dir(cache_dir: Any, store_path: str | os.PathLike[str]) -> Path |
     """The directory plans are cached in: ``cache_dir`` when given, else ``<store>/.plans``, else the user cache.
 
     ``cache_dir=False`` keeps plans in memory only (None); ``None`` or
-    ``True`` picks the first writable of the store's ``.plans`` and
+    ``True`` picks the first writable of the store's ``.plans`` (not for a
+    remote store, whose path is a URL) and
     ``$XDG_CACHE_HOME/loadspec/plans`` (None when neither is); a path must
     be a writable directory (created if missing).
     """
@@ -129,7 +131,9 @@ def plan_cache_dir(cache_dir: Any, store_path: str | os.PathLike[str]) -> Path |
                 f"cache_dir={str(path)!r} cannot be created or written; pass a writable directory, or "
                 "cache_dir=False to keep plans in memory only")
         return path
-    for candidate in (Path(store_path) / ".plans", _user_cache_dir()):
+    # A remote store's path is its URL (``s3://bucket/store``), no directory here: plans go to the user cache.
+    remote = re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", os.fspath(store_path)) is not None
+    for candidate in ((_user_cache_dir(),) if remote else (Path(store_path) / ".plans", _user_cache_dir())):
         if _writable_dir(candidate):
             return candidate
     return None

@@ -177,28 +177,20 @@ class SplitStore:
 
     # ------------------------------------------------------------ documents and tokens
 
-    def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
-        """File ``f`` of the split: the base file's values and the offsets of the split's documents in it.
+    def read_runs(self, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, docs: np.ndarray | None = None,
+                  out: np.ndarray | None = None, dest: np.ndarray | None = None, tail: np.ndarray | None = None
+                  ) -> np.ndarray:
+        """The base store's checked :meth:`TokenStore.read_runs` of split files ``files`` (same file-local tokens).
 
-        The offsets stay file-local positions of the base file (no copy, no
-        rebasing), so the fill's token ranges are the base file's and
-        :meth:`check_blocks` hands them on unchanged.
+        Token positions stay the base file's (a split's document bounds are
+        the base store's), so only the file and document numbers move.
         """
-        return self._clip(f, self.base._part(int(self._files[f])))
-
-    def check_blocks(self, file: int, starts: np.ndarray, stops: np.ndarray) -> None:
-        """The base store's block check for split file ``file`` (same file-local token ranges)."""
-        self.base.check_blocks(int(self._files[file]), starts, stops)
-
-    def _map(self, f: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_part` without its checks: a fill reads its bounds from :meth:`document_bounds_batch` instead."""
-        return self._clip(f, self.base._map(int(self._files[f])))
-
-    def _clip(self, f: int, part: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Base file ``_files[f]``'s (values, offsets) with the offsets of split file ``f``'s documents only."""
-        values, offsets = part
-        lo = int(self._first_local[f])
-        return values, offsets[lo:lo + int(self._counts[f]) + 1]
+        fl = np.asarray(files, dtype=np.int64).reshape(-1)
+        if fl.size and (int(fl.min()) < 0 or int(fl.max()) >= len(self._files)):
+            raise IndexError(f"file out of range for a split of {len(self._files)} files")
+        base_docs = None if docs is None else np.asarray(docs, dtype=np.int64).reshape(-1) + self._first_local[fl]
+        return self.base.read_runs(self._files[fl], starts, stops, docs=base_docs,  # type: ignore[no-any-return]
+                                   out=out, dest=dest, tail=tail)
 
     def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(start, length)`` of document ``docs[i]`` of split file ``files[i]``, in the base file's token positions.

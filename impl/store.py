@@ -46,13 +46,16 @@ What a store is made from lives next door: :mod:`impl.sources` turns the
 user's source into ordered document texts, :mod:`impl.encoding` pins the
 tokenizer down and turns texts into token ids. :mod:`impl.store_format` owns
 what is on disk (the layout, ``meta.json`` and its validation, signatures,
-the fingerprint); this module owns reading it; :mod:`impl.build` owns writing
-it (in this process or in spawned workers) and publishing it atomically.
+the fingerprint); this module owns reading it, through the file seam of
+:mod:`impl.files`; :mod:`impl.integrity` owns the block and document checks
+every read asks first; :mod:`impl.build` owns writing it (in this process or
+in spawned workers) and publishing it atomically.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import json
@@ -61,23 +64,26 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from impl._arrays import demand_zero, distinct, distinct_ints
-from impl._crc import crc32
+from impl._arrays import demand_zero, exclusive_cumsum, groups, ranges
 from impl.encoding import TokenizerInfo
 from impl.errors import (
     REBUILD_HINT,
+    ConfigError,
+    LoadspecError,
     SourceError,
     StoreCorruptError,
     StoreError,
     StoreNotFoundError,
 )
+from impl.files import FileAccess, LocalFiles
+from impl.integrity import FileChecks, Integrity
 from impl.store_format import (
     BLOCK_BYTES,
     BLOCK_TABLE,
@@ -102,14 +108,16 @@ from impl.store_format import (
     hash_documents,
     hash_file_blocks,
     quick_signature,
+    quick_signature_of,
     sha256_file,
+    sha256_of,
     validate_meta,
 )
 
 # Called by the reader under these module-level names, which tests replace to count or refuse Arrow parses and
 # to recompute fingerprints (``impl.store._open_arrow``, ``impl.store._content_fingerprint``).
 from impl.store_format import content_fingerprint as _content_fingerprint
-from impl.store_format import open_arrow as _open_arrow
+from impl.store_format import open_arrow_buffer as _open_arrow
 
 __all__ = [
     "BLOCK_BYTES",
@@ -134,13 +142,9 @@ __all__ = [
     "sha256_file",
 ]
 
-#: Up to this many ranges, block checks loop in Python over ``bytearray.find`` (numpy's per-call cost is more).
-_SMALL = 64
-#: A first read continuing a sequential streak of at least ``_READ_AHEAD_AFTER`` bytes (a reader in file order)
-#: also verifies as many blocks past it as the streak holds, up to ``_READ_AHEAD_BYTES``, so the next batches find
-#: them verified and pay one ``find`` each (``TokenStore._first_read``).
-_READ_AHEAD_BYTES = 512 * 1024
-_READ_AHEAD_AFTER = 64 * 1024
+#: :meth:`TokenStore.read_runs` copies one slice per run when runs average at least this many tokens, else it
+#: fancy-indexes every token at once (faster for many tiny runs).
+SLICE_MIN_WIDTH = 16
 
 
 
@@ -148,97 +152,22 @@ _READ_AHEAD_AFTER = 64 * 1024
 
 
 
-def _map_read_only(path: str, where: str, size: int) -> mmap.mmap | bytes:
-    """``path`` mapped read-only, refused with ``StoreCorruptError`` unless it exists and holds ``size`` bytes.
+def _map_read_only(files: FileAccess, name: str, where: str, size: int) -> mmap.mmap | bytes:
+    """File ``name`` mapped read-only through ``files``, refused with ``StoreCorruptError`` unless it holds ``size`` bytes.
 
-    ``where`` names the file in the messages. An expected size of 0 gives
-    ``b""`` (an empty file cannot be mapped) once the file is known to exist.
+    ``where`` names the file in the messages.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            mm: mmap.mmap | bytes = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
-            actual = os.fstat(fd).st_size if not size else len(mm)
-        finally:
-            os.close(fd)
+        mm = files.map(name)
+    except LoadspecError:
+        raise   # the access's own typed refusal (a remote download, a full cache) names its fix, not a rebuild
     except FileNotFoundError:
         raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
     except (OSError, ValueError) as exc:
         raise StoreCorruptError(f"{where} could not be mapped ({exc}); {REBUILD_HINT}") from exc
-    if actual != size:
-        raise StoreCorruptError(f"{where} changed since it was built ({actual} bytes, {size} when built); {REBUILD_HINT}")
+    if len(mm) != size:
+        raise StoreCorruptError(f"{where} changed since it was built ({len(mm)} bytes, {size} when built); {REBUILD_HINT}")
     return mm
-
-
-class _Blocks:
-    """One mapped file's recorded block checksums and the blocks this store object has verified.
-
-    ``data`` is the whole file as a read-only memoryview of the same mapping
-    the tokens are served from, so a block is checked in exactly the bytes a
-    reader copies; ``base`` is the byte offset of the file's token values,
-    ``offsets_at`` that of its document offsets and ``offsets_blocks`` the
-    blocks holding them (first, last; ``(0, -1)`` when it has none);
-    ``offsets_done`` says every one of them is verified and the end offsets
-    were checked (then offsets are read unchecked). ``verified`` holds one
-    byte per block (1: verified), a ``bytearray`` so that "is any block of
-    ``[a, b]`` unverified" is one C-level ``verified.find(0, a, b + 1)``;
-    ``verified_np`` is the same memory as a numpy bool array for the
-    vectorised paths; ``left`` counts the unverified blocks (``complete``
-    when 0). ``recorded`` is the file's slice of the block table (format 3);
-    else ``hex`` is the file's ``block_crc32`` string (format 2), each
-    block's 8 digits parsed when it is checked. ``frontier`` is the block
-    after the last first read's last block (-1 before any), ``streak`` the
-    blocks of the sequential run that read ended (``TokenStore._first_read``).
-    ``documents`` is the file's slice of the document table (format 4, else
-    None), ``documents_verified`` one byte per document whose CRC passed
-    (``TokenStore._verify_documents``; the file's slice of the store's
-    demand-zero map, so a fresh resume touches a page per document it
-    checks, not 64 KiB per file) and ``documents_left`` about how many have
-    not (a hint: ``complete`` is set only after a scan confirms it).
-    """
-
-    __slots__ = ("base", "block", "complete", "count", "data", "documents", "documents_left", "documents_verified",
-                 "frontier", "hex",
-                 "itemsize", "left", "lock", "offsets_at", "offsets_blocks", "offsets_done", "read_ahead", "recorded",
-                 "size", "streak", "verified", "verified_np")
-
-    def __init__(self, data: memoryview, base: int, itemsize: int, block: int, crc_hex: str, offsets_at: int,
-                 recorded: np.ndarray | None = None, offsets_bytes: int = 0,
-                 documents: np.ndarray | None = None, documents_verified: memoryview | None = None) -> None:
-        self.data = data
-        self.size = len(data)
-        self.base = base
-        self.itemsize = itemsize
-        self.block = block
-        self.hex = crc_hex
-        self.recorded = recorded
-        self.count = len(crc_hex) // 8 if recorded is None else len(recorded)
-        self.offsets_at = offsets_at
-        self.offsets_blocks = ((offsets_at // block, (offsets_at + offsets_bytes - 1) // block) if offsets_bytes
-                               else (0, -1))
-        self.verified = bytearray(self.count)
-        self.verified_np = np.frombuffer(self.verified, dtype=np.bool_)
-        self.left = self.count
-        self.complete = self.count == 0
-        self.offsets_done = self.complete
-        self.frontier = -1
-        self.streak = 0
-        self.read_ahead = max(1, _READ_AHEAD_BYTES // block)
-        self.lock = threading.Lock()
-        self.documents = documents
-        self.documents_verified = memoryview(bytearray()) if documents_verified is None else documents_verified
-        self.documents_left = len(self.documents_verified)
-
-    def reset(self) -> None:
-        """Forget every verification (``verify`` checks every block again)."""
-        with self.lock:
-            self.verified_np[:] = False
-            self.documents_verified[:] = bytes(len(self.documents_verified))
-            self.documents_left = len(self.documents_verified)
-            self.left = self.count
-            self.complete = self.offsets_done = self.count == 0
-            self.frontier = -1
-            self.streak = 0
 
 
 class _Parts:
@@ -304,15 +233,13 @@ class TokenStore:
     :meth:`check_blocks`).
     """
 
-    #: Every file's every block is verified (then a batch's check is one attribute test); set by the block checks.
-    _all_verified: bool = False
-
     # ------------------------------------------------------------ construction
 
-    def __init__(self, path: Path, meta: dict[str, Any]):
+    def __init__(self, path: Path, meta: dict[str, Any], files: FileAccess | None = None):
         """Use :meth:`open` or :meth:`build`; this maps already validated metadata."""
         self._path = path
-        self._root = str(path)
+        #: Every file this store reads, by name relative to the store's root (the file seam: :mod:`impl.files`).
+        self._files: FileAccess = LocalFiles(path) if files is None else files
         self._meta = meta
         self._dtype: np.dtype[Any] = np.dtype(meta["dtype"])
         try:
@@ -334,15 +261,17 @@ class TokenStore:
         self._tables: dict[str, np.ndarray] = {}
         if self._version >= 3:
             self._table_at = [0, *itertools.accumulate(-(-r.size // self._block_bytes) for r in self._records)]
-            check_crc_table_size(path, meta, CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
+            check_crc_table_size(self._files, path, meta, CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
         #: Format 4: one byte per document of the store, 1 once its CRC passed (a demand-zero map, made on first use).
         self._documents_verified: mmap.mmap | None = None
         if self._version >= 4:
-            check_crc_table_size(path, meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
+            check_crc_table_size(self._files, path, meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
         self._map_lock = threading.Lock()
         self._closed = False
         self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
-        self._blocks: list[_Blocks | None] = [None] * len(self._records)
+        #: Files mapped by this object, least recently mapped first; an access with ``keep_mapped`` (a remote one
+        #: under a ``cache_limit``, :mod:`impl.remote`) gets all but that many released again (:meth:`_release_old`).
+        self._map_order: list[int] = []
         self._values = _Parts(self, 0)
         self._offsets = _Parts(self, 1)
         counts = [r.num_documents for r in self._records]
@@ -356,6 +285,10 @@ class TokenStore:
                 f"{meta['num_tokens']}); {REBUILD_HINT}"
             )
         self._n = int(meta["num_documents"])
+        #: The checks every read asks first (:mod:`impl.integrity`); ``_blocks`` is its per-file list, filled as files map.
+        self._checks = Integrity(self._records, self._file_doc_starts, functools.partial(_file_where, path),
+                                 self._mapped, self._map, self._require_open)
+        self._blocks = self._checks.files
         self._doc_offsets: np.ndarray | None = None
         self._lengths: np.ndarray | None = None
 
@@ -373,7 +306,30 @@ class TokenStore:
                 mapped = self._mapped[f]
                 if mapped is None:
                     mapped = self._mapped[f] = self._map_file(self._records[f])
+                    self._release_old(f)
         return mapped
+
+    def _release_old(self, f: int) -> None:
+        """Drop this object's mappings of all but the ``keep_mapped`` files mapped last (under ``_map_lock``).
+
+        Why: a remote access evicts from its bounded node cache only files no
+        reader maps, so a store that kept every file it ever read mapped
+        would pin the whole store there. A released file is mapped (and CRC'd:
+        its verified marks go with it, as the next copy may be a new download)
+        again on its next use; views already handed out keep their own
+        mapping. Meant for a store object read from one thread at a time.
+        """
+        keep = getattr(self._files, "keep_mapped", None)
+        order = self._map_order
+        order.append(f)
+        if keep is None:
+            return
+        while len(order) > max(1, int(keep)):
+            g = order.pop(0)
+            blocks, self._mapped[g], self._blocks[g] = self._blocks[g], None, None   # in place: shared with _checks
+            self._checks.all_verified = False
+            if blocks is not None:
+                blocks.reset()
 
     def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
         """File ``f``'s (values, offsets), mapped on first use, every block of its offsets checked."""
@@ -382,7 +338,7 @@ class TokenStore:
             mapped = self._map(f)
         blocks = self._blocks[f]
         if blocks is not None and not blocks.offsets_done:
-            self._check_all_offsets(f, blocks, mapped[1])
+            self._checks.check_all_offsets(f, blocks, mapped[1])
         return mapped
 
     def _require_open(self) -> None:
@@ -405,7 +361,7 @@ class TokenStore:
 
     def _where(self, name: str) -> str:
         """How errors name a token file: the store and the file."""
-        return f"token store {self._path}: file {name}"
+        return _file_where(self._path, name)
 
     def _check_file(self, rec: FileRecord, *, content: bool) -> None:
         """Present with the recorded size (``open``); with ``content``, also the recorded quick signature (first map).
@@ -418,25 +374,23 @@ class TokenStore:
         reads.
         """
         name = rec.name
-        fp = f"{self._root}/{name}"
         if not name or "/" in name or name in (".", ".."):
             raise StoreCorruptError(f"{self._where(name)}: invalid file name in {META_FILE}; {REBUILD_HINT}")
-        try:
-            st = os.stat(fp)
-        except FileNotFoundError:
-            raise StoreCorruptError(f"{self._where(name)} is missing; {REBUILD_HINT}") from None
-        if st.st_size == rec.size and not content:
+        st = self._files.stat(name)
+        if st is None:
+            raise StoreCorruptError(f"{self._where(name)} is missing; {REBUILD_HINT}")
+        if st.size == rec.size and not content:
             return
         where = self._where(name)
-        if st.st_size < rec.size:
+        if st.size < rec.size:
             raise StoreCorruptError(
-                f"{where} is truncated ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
+                f"{where} is truncated ({st.size} bytes, {rec.size} when built); {REBUILD_HINT}"
             )
-        if st.st_size != rec.size:
+        if st.size != rec.size:
             raise StoreCorruptError(
-                f"{where} changed since it was built ({st.st_size} bytes, {rec.size} when built); {REBUILD_HINT}"
+                f"{where} changed since it was built ({st.size} bytes, {rec.size} when built); {REBUILD_HINT}"
             )
-        if content and quick_signature(fp, st.st_size) != rec.quick_signature:
+        if content and quick_signature_of(self._files, name) != rec.quick_signature:
             raise StoreCorruptError(
                 f"{where} changed since it was built (its first/last {QUICK_SIGNATURE_BYTES // 1024} KiB differ "
                 f"from the recorded signature); {REBUILD_HINT}"
@@ -452,7 +406,7 @@ class TokenStore:
                 rec, memoryview(whole), layout["values"][0], layout["offsets"][0])
         return values, offsets
 
-    def _new_blocks(self, rec: FileRecord, data: memoryview, values_at: int, offsets_at: int) -> _Blocks:
+    def _new_blocks(self, rec: FileRecord, data: memoryview, values_at: int, offsets_at: int) -> FileChecks:
         """File ``rec``'s block checks; its offsets hold ``documents + 1`` entries (none when recorded at 0: empty)."""
         recorded = documents = verified = None
         if self._version >= 3:
@@ -464,7 +418,7 @@ class TokenStore:
                 if self._documents_verified is None:
                     self._documents_verified = demand_zero(self._n)
                 verified = memoryview(self._documents_verified)[a:b]
-        return _Blocks(data, values_at, self._dtype.itemsize, self._block_bytes, rec.block_crc32 or "", offsets_at,
+        return FileChecks(data, values_at, self._dtype.itemsize, self._block_bytes, rec.block_crc32 or "", offsets_at,
                        recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * OFFSET_BYTES,
                        documents, verified)
 
@@ -475,23 +429,9 @@ class TokenStore:
         """CRC table ``name``'s ``entries`` recorded CRC-32s (big-endian uint32), one read-only mapping made on first use."""
         table = self._tables.get(name)
         if table is None:
-            mm = _map_read_only(f"{self._root}/{name}", self._table_where(name), 4 * entries)
+            mm = _map_read_only(self._files, name, self._table_where(name), 4 * entries)
             table = self._tables[name] = np.frombuffer(mm, dtype=">u4")
         return table
-
-    def _recorded_crc(self, rec: FileRecord, blocks: _Blocks, b: int) -> int:
-        """Block ``b``'s CRC-32 as recorded: from the block table (format 3), else its 8 hex digits parsed now."""
-        if blocks.recorded is not None:
-            return int(blocks.recorded.item(b))
-        try:
-            raw = bytes.fromhex(blocks.hex[8 * b:8 * b + 8])
-        except ValueError:
-            raw = b""
-        if len(raw) != 4:
-            raise StoreCorruptError(
-                f"{self._where(rec.name)}: its block_crc32 in {META_FILE} is not hexadecimal; {REBUILD_HINT}"
-            )
-        return int.from_bytes(raw, "big")
 
     def _recorded_buffer(self, rec: FileRecord, name: str, nbytes: int, align: int) -> int:
         """Byte offset of the recorded buffer ``name``, refused unless it has ``nbytes`` bytes inside the file."""
@@ -521,7 +461,7 @@ class TokenStore:
         offsets_at = self._recorded_buffer(rec, "offsets", 0 if no_offsets else (docs + 1) * OFFSET_BYTES,
                                            OFFSET_BYTES)
         values_at = self._recorded_buffer(rec, "values", rec.num_tokens * item, item)
-        mm = _map_read_only(f"{self._root}/{rec.name}", self._where(rec.name), rec.size)
+        mm = _map_read_only(self._files, rec.name, self._where(rec.name), rec.size)
         if no_offsets:
             offsets = np.zeros(1, dtype=np.int64)
             offsets.setflags(write=False)
@@ -539,11 +479,10 @@ class TokenStore:
         buffer layout (``signature``: their quick signature first, since the
         Arrow metadata read here is not block-checked), and of :meth:`verify`.
         """
-        fp = self._path / rec.name
         where = self._where(rec.name)
         self._check_file(rec, content=signature)
         try:
-            col, whole = _open_arrow(fp)
+            col, whole = _open_arrow(_map_read_only(self._files, rec.name, where, rec.size), self._files.where(rec.name))
         except StoreCorruptError:
             raise
         except (pa.ArrowException, OSError) as exc:
@@ -559,7 +498,7 @@ class TokenStore:
             )
         if whole.size != rec.size:
             raise StoreCorruptError(f"{where} changed size while being mapped; {REBUILD_HINT}")
-        layout = buffer_layout(fp, col, whole)
+        layout = buffer_layout(self._files.where(rec.name), col, whole)
         offsets = col.offsets.to_numpy(zero_copy_only=True)
         if len(offsets) == 0:  # Arrow may store a 0-length list array with no offsets at all
             offsets = np.zeros(1, dtype=np.int64)
@@ -572,305 +511,17 @@ class TokenStore:
             )
         return values, offsets, (whole if self._version >= 2 else None), layout
 
-    def _check_all_offsets(self, f: int, blocks: _Blocks, offsets: np.ndarray) -> None:
-        """Verify every block holding file ``f``'s offsets, then its end offsets (before any whole-file use)."""
-        rec = self._records[f]
-        first, last = blocks.offsets_blocks
-        if last >= first:
-            self._verify_span(rec, blocks, first, last)
-        if int(offsets[0]) != 0 or int(offsets[-1]) != rec.num_tokens:
-            raise StoreCorruptError(
-                f"{self._where(rec.name)}: document offsets do not match the {rec.num_tokens} tokens recorded; "
-                f"{REBUILD_HINT}"
-            )
-        blocks.offsets_done = True
-
-    def _offsets_read(self, f: int, blocks: _Blocks, offsets: np.ndarray) -> None:
-        """After offsets blocks were verified: once all of the file's are, its offsets are read unchecked.
-
-        Why: a global shuffle's batches verify every file's offsets blocks
-        within the first few hundred batches, and from then on each
-        document's bounds skip the per-entry test.
-        """
-        first, last = blocks.offsets_blocks
-        if blocks.verified.find(0, first, last + 1) < 0:
-            self._check_all_offsets(f, blocks, offsets)
-
-    def document_bounds(self, file: int, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(start, length)`` (file-local tokens, int64) of file-local documents ``docs`` of ``file``.
-
-        Reads only the offsets entries ``docs`` and ``docs + 1``, after the
-        blocks holding them passed their CRC (format 2), so a batch's first
-        read of a file checks a few small blocks, not the file's whole
-        offsets region. A bound outside the file's tokens is refused as
-        corrupt (an edited ``meta.json`` layout cannot yield wrong tokens).
-        Format 4 also checks each returned document's tokens before
-        returning (:attr:`document_checks`): documents spread over more than
-        twice their count of ids (a shuffle) each by its own CRC-32, which
-        covers its offsets entries too; documents closer together (file
-        order) by the blocks of their offsets and of their tokens, read ahead.
-
-        >>> store.document_bounds(0, np.array([3, 0]))      # doctest: +SKIP
-        (array([9, 0]), array([4, 3]))
-        """
-        self._require_open()
-        f = operator.index(file)
-        if not 0 <= f < len(self._records):
-            raise IndexError(f"file {file} out of range for a store of {len(self._records)} files")
-        rec = self._records[f]
-        local = np.asarray(docs, dtype=np.int64).reshape(-1)
-        first_doc = last_doc = 0
-        if local.size:
-            if local.size <= _SMALL:  # Python's min/max beat numpy's call overhead on a batch's few documents
-                listed = local.tolist()
-                first_doc, last_doc = min(listed), max(listed)
-            else:
-                first_doc, last_doc = int(local.min()), int(local.max())
-            if first_doc < 0 or last_doc >= rec.num_documents:
-                raise IndexError(f"document out of range for file {f} of {rec.num_documents} documents")
-        offsets = self._map(f)[1]
-        blocks = self._blocks[f]
-        check_offsets = check_tokens = by_document = False
-        if blocks is not None and local.size:
-            check_offsets = not blocks.offsets_done
-            check_tokens = blocks.documents is not None and not blocks.complete
-        if blocks is not None and (check_offsets or check_tokens):
-            at0, block = blocks.offsets_at, blocks.block
-            lo, hi = (at0 + first_doc * OFFSET_BYTES) // block, (at0 + (last_doc + 2) * OFFSET_BYTES - 1) // block
-            dense = hi - lo <= local.size   # offsets entries close together: their blocks, in spans
-            by_document = check_tokens and last_doc - first_doc + 1 > 2 * local.size  # not file order
-        if blocks is not None and check_offsets and not by_document:
-            if dense:
-                self._verify_span(rec, blocks, lo, hi)
-            elif local.size <= _SMALL:
-                for d in local.tolist():
-                    at = at0 + d * OFFSET_BYTES
-                    self._verify_span(rec, blocks, at // block, (at + 2 * OFFSET_BYTES - 1) // block)
-            else:
-                at_np = at0 + local * OFFSET_BYTES
-                wanted = np.concatenate((at_np // block, (at_np + 2 * OFFSET_BYTES - 1) // block))
-                self._verify_blocks(rec, blocks, wanted[~blocks.verified_np[wanted]].tolist())
-            self._offsets_read(f, blocks, offsets)
-        starts = offsets[local]
-        stops = offsets[local + 1]
-        if local.size and not bool(((starts >= 0) & (starts <= stops) & (stops <= rec.num_tokens)).all()):
-            raise StoreCorruptError(
-                f"{self._where(rec.name)}: document offsets out of order or past its {rec.num_tokens} tokens; "
-                f"{REBUILD_HINT}"
-            )
-        if blocks is not None and by_document:
-            self._verify_documents([(f, d, a, b) for d, a, b in zip(local.tolist(), starts.tolist(), stops.tolist())])
-        elif blocks is not None and check_tokens:  # dense: offsets checked above; skip when their span is verified
-            item, block = blocks.itemsize, blocks.block
-            first = (blocks.base + offsets.item(first_doc) * item) // block
-            if blocks.verified.find(0, first, (blocks.base + offsets.item(last_doc + 1) * item - 1) // block + 1) >= 0:
-                self.check_blocks(f, starts, stops)
-        return starts.astype(np.int64, copy=False), stops - starts
-
-    def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`document_bounds` of many files at once: ``(start, length)`` of document ``docs[i]`` of ``files[i]``.
-
-        Why: a fresh resume's first batch names a few dozen documents in a
-        dozen files; one call that maps each file on first use and reads
-        each document's two offsets entries (after the blocks holding them
-        passed their CRC) pays Python's cost per document once, where a
-        numpy pipeline per file pays numpy's fixed cost per call for every
-        file. Many documents, or many per file touched (a batch in file
-        order), go through :meth:`document_bounds` file by file.
-
-        >>> store.document_bounds_batch(np.array([0, 2]), np.array([3, 0]))      # doctest: +SKIP
-        (array([9, 0]), array([4, 3]))
-        """
-        self._require_open()
-        fl = np.asarray(files, dtype=np.int64).reshape(-1)
-        dl = np.asarray(docs, dtype=np.int64).reshape(-1)
-        if fl.shape != dl.shape:
-            raise ValueError(f"files and docs differ in length ({fl.size} and {dl.size})")
-        touched = distinct(fl) if fl.size > 8 else None
-        if touched is not None and (fl.size > _SMALL or fl.size >= 8 * len(touched)):
-            if len(touched) == 1:  # many documents of one file (file order): one numpy pass
-                return self.document_bounds(int(touched[0]), dl)
-            starts = np.empty(fl.size, dtype=np.int64)
-            lengths = np.empty(fl.size, dtype=np.int64)
-            for f in touched.tolist():
-                mine = fl == f
-                starts[mine], lengths[mine] = self.document_bounds(f, dl[mine])
-            return starts, lengths
-        out_start: list[int] = []
-        out_length: list[int] = []
-        records, blocks_of, mapped = self._records, self._blocks, self._mapped
-        pending: list[tuple[int, int, int, int]] = []
-        for f, d in zip(fl.tolist(), dl.tolist()):
-            if not 0 <= f < len(records):
-                raise IndexError(f"file {f} out of range for a store of {len(records)} files")
-            rec = records[f]
-            if not 0 <= d < rec.num_documents:
-                raise IndexError(f"document out of range for file {f} of {rec.num_documents} documents")
-            offsets = (mapped[f] or self._map(f))[1]
-            blocks = blocks_of[f]
-            by_document = blocks is not None and blocks.documents is not None and not blocks.complete
-            if blocks is not None and not blocks.offsets_done and not by_document:
-                at = blocks.offsets_at + d * OFFSET_BYTES
-                lo, hi = at // blocks.block, (at + 2 * OFFSET_BYTES - 1) // blocks.block
-                if blocks.verified.find(0, lo, hi + 1) >= 0:
-                    self._verify_span(rec, blocks, lo, hi)
-                    self._offsets_read(f, blocks, offsets)
-            a, b = offsets.item(d), offsets.item(d + 1)
-            if not 0 <= a <= b <= rec.num_tokens:
-                raise StoreCorruptError(
-                    f"{self._where(rec.name)}: document offsets out of order or past its {rec.num_tokens} tokens; "
-                    f"{REBUILD_HINT}"
-                )
-            if by_document and not blocks.documents_verified[d]:  # type: ignore[union-attr]
-                pending.append((f, d, a, b))
-            out_start.append(a)
-            out_length.append(b - a)
-        if pending:
-            self._verify_documents(pending)
-        return np.array(out_start, dtype=np.int64), np.array(out_length, dtype=np.int64)
-
-    def _verify_span(self, rec: FileRecord, blocks: _Blocks, lo: int, hi: int) -> None:
-        """CRC the unverified blocks among ``lo..hi`` (once each per store object); refuse the first that changed.
-
-        The one loop every check ends in: a block costs a ``find``, a slice,
-        a CRC and an int compare (its recorded CRC read from the table as a
-        Python int). Under the file's lock, so concurrent readers CRC each
-        block once; a span already verified returns without taking it (a
-        block is marked only after its CRC passed, so an unlocked ``find``
-        that sees no unverified block is final).
-        """
-        verified = blocks.verified
-        if verified.find(0, lo, hi + 1) < 0:
-            return
-        with blocks.lock:
-            b = verified.find(0, lo, hi + 1)
-            if b < 0:
-                return
-            data, block, recorded, left = blocks.data, blocks.block, blocks.recorded, blocks.left
-            while b >= 0:
-                at = b * block
-                crc = crc32(data[at:at + block])
-                want = recorded.item(b) if recorded is not None else self._recorded_crc(rec, blocks, b)
-                if crc != want:
-                    blocks.left = left
-                    raise self._changed_block(rec, blocks, b, crc, want)
-                verified[b] = 1
-                left -= 1
-                b = verified.find(0, b + 1, hi + 1)
-            blocks.left = left
-            if not left:
-                self._file_verified(blocks)
-
-    def _verify_blocks(self, rec: FileRecord, blocks: _Blocks, todo: Iterable[int]) -> None:
-        """:meth:`_verify_span` of each block of ``todo``, in order."""
-        for b in sorted(set(todo)):
-            self._verify_span(rec, blocks, b, b)
-
-    def _changed_block(self, rec: FileRecord, blocks: _Blocks, b: int, crc: int, recorded: int) -> StoreCorruptError:
-        """The refusal of a changed block: the store, the file, the block, its bytes, both CRCs and the fix."""
-        at, size = b * blocks.block, blocks.size
-        end = min(at + blocks.block, size)
-        return StoreCorruptError(
-            f"{self._where(rec.name)} changed since it was built: block {b} (bytes {at}-{end - 1} of {size}) has "
-            f"CRC-32 {crc:08x}, {recorded:08x} when built, so none of its tokens is served; restore the file "
-            f"from a good copy or {REBUILD_HINT}"
-        )
-
-    def _verify_documents(self, pending: Sequence[tuple[int, int, int, int]]) -> None:
-        """Format 4: CRC documents ``(file, document, first token, stop token)`` against their recorded CRC-32s.
-
-        Why per document: under a global shuffle (or a fresh resume's first
-        batch) each document of a batch lies in a block no reader has
-        verified yet, so a block check CRCs 16 KiB, from cold memory, to serve
-        one document, usually far smaller; the document's own CRC reads
-        exactly the bytes served. Its token range comes from the offsets read
-        unchecked: an offsets entry changed since the build moves the range
-        of the two documents it bounds, whose CRCs then fail (barring a CRC
-        collision), so a document that passes was read with its recorded
-        bounds and tokens.
-
-        Each document is CRC'd straight from the mapping: copying a batch's
-        documents into one buffer first (``bytes.join``, whose C loop
-        overlaps their cache misses) and CRC'ing them there costs as much
-        under a global shuffle (benchmarks/README.md, "Design figures"). A
-        file whose documents have all passed counts as verified whole (every
-        token byte and offsets entry was checked), and its reads skip the
-        checks.
-
-        >>> store._verify_documents([(0, 3, 9, 13), (2, 0, 0, 4)])      # doctest: +SKIP
-        """
-        blocks_of = self._blocks
-        for f, d, a, b in pending:
-            blocks = blocks_of[f]
-            if blocks is None or blocks.documents is None or blocks.documents_verified[d]:
-                continue
-            at = blocks.base + a * blocks.itemsize
-            crc = crc32(blocks.data[at:at + (b - a) * blocks.itemsize])
-            if crc != blocks.documents.item(d):
-                raise self._changed_document(f, blocks, d, a, b, crc)
-            blocks.documents_verified[d] = 1
-            blocks.documents_left -= 1
-            if blocks.documents_left <= 0 and blocks.documents_verified.tobytes().find(0) < 0:
-                self._file_verified(blocks)  # every document passed (a scan confirms the unlocked count)
-
-    def _file_verified(self, blocks: _Blocks) -> None:
-        """Every byte of a file that readers use is verified: its reads skip every check from now on."""
-        blocks.complete = True
-        self._all_verified = all(other is not None and other.complete for other in self._blocks)
-
-    def _changed_document(self, f: int, blocks: _Blocks, d: int, a: int, b: int, crc: int) -> StoreCorruptError:
-        """The refusal of a changed document: the store, the file, the document, its bytes, both CRCs and the fix."""
-        rec = self._records[f]
-        at, end = blocks.base + a * blocks.itemsize, blocks.base + b * blocks.itemsize
-        recorded = int(blocks.documents.item(d))  # type: ignore[union-attr]
-        return StoreCorruptError(
-            f"{self._where(rec.name)} changed since it was built: its document {d} (document "
-            f"{self._file_doc_starts[f] + d} of the store; tokens {a}-{b - 1}, bytes {at}-{end - 1} of {blocks.size}, "
-            f"as its offsets now say) has CRC-32 {crc:08x}, {recorded:08x} when built ({DOCUMENT_TABLE}), so none of "
-            f"its tokens is served; restore the file from a good copy or {REBUILD_HINT}"
-        )
-
-    def _first_read(self, f: int, blocks: _Blocks, lo: int, hi: int) -> None:
-        """A reader's first read of value blocks ``lo..hi`` (``lo`` unverified): verify them, reading ahead in a streak.
-
-        A read whose first block is the file's frontier (the block after the
-        previous first read) continues a sequential streak; once the streak
-        holds :data:`_READ_AHEAD_AFTER` bytes, the read also verifies as many
-        blocks past it as the streak holds, up to :data:`_READ_AHEAD_BYTES`
-        (the window doubles as a reader in file order goes on). Why a streak
-        and not "the block before is verified": under a global shuffle a
-        random block's neighbour is verified more and more often as an epoch
-        goes on, and a long document read in two pieces continues the
-        frontier once; reading ahead for those would make a first pass CRC
-        far more bytes than it reads.
-        """
-        streak = hi - lo + 1 + (blocks.streak if lo == blocks.frontier else 0)
-        if streak * blocks.block >= _READ_AHEAD_AFTER and hi + 1 < blocks.count:
-            ahead = min(streak, blocks.read_ahead, blocks.count - 1 - hi)
-            hi += ahead
-            streak += ahead
-        self._verify_span(self._records[f], blocks, lo, hi)
-        blocks.frontier = hi + 1
-        blocks.streak = streak
-
-    def _check_span(self, f: int, start: int, stop: int) -> None:
-        """The blocks of tokens ``[start, stop)`` of file ``f`` (already mapped): the one run check of every path.
-
-        Single reads, :meth:`check_blocks`' runs that leave gaps and
-        :meth:`check_blocks_batch`'s runs all end here: a ``find`` for the
-        first unverified block, then :meth:`_first_read`.
-        """
-        blocks = self._blocks[f]
-        if blocks is None or blocks.complete or stop <= start:
-            return
-        hi = (blocks.base + stop * blocks.itemsize - 1) // blocks.block
-        lo = blocks.verified.find(0, (blocks.base + start * blocks.itemsize) // blocks.block, hi + 1)
-        if lo >= 0:
-            self._first_read(f, blocks, lo, hi)
-
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, verify: bool = False) -> TokenStore:
+    def open(cls, path: str | os.PathLike[str], *, verify: bool = False, files: FileAccess | None = None,
+             local: str | os.PathLike[str] | None = None, **remote: Any) -> TokenStore:
         """Open a built store, checking it cheaply; ``verify=True`` also re-hashes every file.
+
+        ``files`` is where the store's files are read from, by name relative
+        to its root (:mod:`impl.files`; default ``LocalFiles(path)``, the
+        directory ``path``); ``path`` then only names the store (messages,
+        plan cache keys). Every byte the store reads (``meta.json``, the CRC
+        tables, the token files' sizes, signatures and mappings) goes
+        through it.
 
         Checks at open (none opens a token file): ``meta.json`` exists and
         parses; format name and version are known (StoreVersionError for a
@@ -883,30 +534,52 @@ class TokenStore:
         against the record. Every format-2 block, of offsets or of tokens, is
         CRC'd before its first use. A file changed since the build is refused
         then, with the same error type.
+
+        A URL (``s3://bucket/store``, any fsspec protocol) with ``local``, a
+        node-local cache directory, opens the store through
+        :class:`impl.remote.RemoteFiles`; ``remote`` takes its options
+        (``cache_limit``, ``download_retry``, ``download_timeout``,
+        ``validate_hash``, ``storage_options``); a ``cache_limit`` that cannot
+        hold one read is refused before any token file is downloaded.
         """
+        if files is None and (local is not None or remote or "://" in str(path)):
+            from impl.remote import RemoteFiles  # a remote store: fsspec and the node-local cache
+
+            if local is None:
+                raise ConfigError(f"{path} is a URL: pass a local cache directory, "
+                                  f"TokenStore.open({str(path)!r}, local='/local_disk/cache')")
+            cached = RemoteFiles(str(path), local, **remote)
+            store = cls.open(path, files=cached)   # meta.json first; no token file is downloaded yet
+            cached.expect_sha256({rec.name: rec.sha256 for rec in store._records})
+            cached.check_room({rec.name: rec.size for rec in store._records})
+            if verify:
+                store.verify()
+            return store
         root = Path(path)
-        meta_path = root / META_FILE
+        access: FileAccess = LocalFiles(root) if files is None else files
         try:
-            raw = meta_path.read_bytes()   # the directory is looked at only when this fails (a resume opens a store)
-        except (FileNotFoundError, NotADirectoryError):
-            if not root.exists():
+            raw = bytes(access.map(META_FILE))   # the directory is looked at only when this fails (a resume opens a store)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            local = Path(access.root) if isinstance(access, LocalFiles) else None
+            if local is not None and not local.exists():
                 raise StoreNotFoundError(
                     f"no token store at {root}: the directory does not exist; build it with "
                     f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
                 ) from None
-            if not root.is_dir():
+            if local is not None and not local.is_dir():
                 raise StoreNotFoundError(
                     f"{root} is a file, not a token store directory; pass the store's directory") from None
             raise StoreNotFoundError(
-                f"{root} has no {META_FILE}: it is not a token store (or its build never finished); build it with "
-                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
+                f"{root if local is not None else access.where('')} has no {META_FILE}: it is not a token store (or "
+                f"its build never finished); build it with TokenStore.build(source, tokenizer, {str(root)!r}) "
+                "(CLI: `loadspec build ...`)"
             ) from None
         try:
             meta = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreCorruptError(f"{meta_path} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
+            raise StoreCorruptError(f"{access.where(META_FILE)} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
         validate_meta(root, meta)
-        store = cls(root, meta)
+        store = cls(root, meta, access)
         if verify:
             store.verify()
         return store
@@ -1077,7 +750,7 @@ class TokenStore:
             values, offsets = self._part(f)
             bounds = offsets.tolist()
             for a, b in itertools.pairwise(bounds):
-                self._check_span(f, a, b)
+                self._checks.check_span(f, a, b)
                 yield values[a:b]
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -1110,7 +783,7 @@ class TokenStore:
             a0, b0 = int(a[0]), int(a[0] + n[0])
         else:
             a0, b0 = int(off[local]), int(off[local + 1])
-        self._check_span(f, a0, b0)
+        self._checks.check_span(f, a0, b0)
         return values[a0:b0]
 
     def tokens_for(self, doc_index: int, start: int | None = None, stop: int | None = None) -> np.ndarray:
@@ -1140,7 +813,7 @@ class TokenStore:
             values = self._map(f)[0]
             a = max(start - fts[f], 0)
             b = min(stop - fts[f], len(values))
-            self._check_span(f, a, b)
+            self._checks.check_span(f, a, b)
             parts.append(values[a:b])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -1159,190 +832,131 @@ class TokenStore:
         lens = doc_offsets[docs + 1] - starts
         out_offsets = np.zeros(len(docs) + 1, dtype=np.int64)
         np.cumsum(lens, out=out_offsets[1:])
-        total = int(out_offsets[-1])
-        positions = np.arange(total, dtype=np.int64) + np.repeat(starts - out_offsets[:-1], lens)
-        if len(self._records) == 1:
-            self.check_blocks(0, starts, starts + lens)
-            return self._values[0][positions], out_offsets
         fds = np.asarray(self._file_doc_starts, dtype=np.int64)
-        doc_file = np.searchsorted(fds, docs, side="right") - 1
-        for f in distinct_ints(doc_file):
-            mine = doc_file == f
-            local = starts[mine] - self._file_token_starts[f]
-            self.check_blocks(f, local, local + lens[mine])
-        out = np.empty(total, dtype=self._dtype)
-        fts = np.asarray(self._file_token_starts, dtype=np.int64)
-        file_of = np.searchsorted(fts, positions, side="right") - 1
-        for f in distinct(file_of):
-            mask = file_of == f
-            out[mask] = self._values[int(f)][positions[mask] - fts[f]]
-        return out, out_offsets
+        doc_file = np.zeros(len(docs), dtype=np.int64) if len(self._records) == 1 else (
+            np.searchsorted(fds, docs, side="right") - 1)
+        local = starts - np.asarray(self._file_token_starts, dtype=np.int64)[doc_file]
+        return self.read_runs(doc_file, local, local + lens), out_offsets   # block checks, as before read_runs
 
-    # ------------------------------------------------------------ integrity
+    def read_runs(self, files: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, docs: np.ndarray | None = None,
+                  out: np.ndarray | None = None, dest: np.ndarray | None = None, tail: np.ndarray | None = None
+                  ) -> np.ndarray:
+        """The store's one checked read of many runs: tokens ``[starts[r], stops[r])`` of file ``files[r]``, verified.
+
+        Every token copied was verified first, whoever calls: runs whose
+        document ``docs[r]`` (file-local, format 4) this store object has
+        verified by its own CRC-32 and that lie inside that document's
+        bounds need no further check; any other run has its blocks checked
+        (:meth:`check_blocks_batch`). Without ``out`` the runs are returned
+        concatenated (the store's dtype); with it, run ``r`` is copied to
+        ``out[dest[r]:]`` and the call returns ``out``, where a ``dest`` at or
+        past ``len(out)`` addresses ``tail`` instead (at ``dest - len(out)``):
+        the fill writes a batch's token grid and each piece's next token in
+        one call. Copies are one slice per run when runs average at least
+        :data:`SLICE_MIN_WIDTH` tokens, else one fancy index per file.
+
+        >>> store.read_runs(np.array([0, 0]), np.array([0, 7]), np.array([2, 8])).tolist()   # doctest: +SKIP
+        [15496, 995, 3886]
+        """
+        fl = np.asarray(files, dtype=np.int64).reshape(-1)
+        lo = np.asarray(starts, dtype=np.int64).reshape(-1)
+        hi = np.asarray(stops, dtype=np.int64).reshape(-1)
+        if not fl.shape == lo.shape == hi.shape:
+            raise ValueError(f"files, starts and stops differ in length ({fl.size}, {lo.size}, {hi.size})")
+        widths = hi - lo
+        if out is None:
+            at = np.zeros(len(widths) + 1, dtype=np.int64)
+            np.cumsum(widths, out=at[1:])
+            out, dest = np.empty(int(at[-1]), dtype=self._dtype), at[:-1]
+        elif dest is None:
+            raise ValueError("read_runs with out= needs dest= (where each run goes in out)")
+        if not fl.size:
+            return out
+        self._require_open()
+        if fl.size and (int(fl.min()) < 0 or int(fl.max()) >= len(self._records)):
+            raise IndexError(f"file out of range for a store of {len(self._records)} files")
+        by_file = groups(fl)
+        if docs is None or self._version < 4:
+            self.check_blocks_batch(fl, lo, hi)
+        elif not self._checks.all_verified:
+            dl = np.asarray(docs, dtype=np.int64).reshape(-1)
+            if fl.size <= 64:   # a batch's few runs: checked in Python
+                self._checks.check_few_document_runs(fl, lo, hi, dl)
+            else:
+                self._checks.check_document_runs(by_file, lo, hi, dl)
+        mapped = self._mapped
+        values = [None if m is None else m[0] for m in mapped]
+        for f, _ in by_file:
+            if values[f] is None:
+                values[f] = self._map(f)[0]
+        T = len(out)
+        if int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths):
+            for q, x0, x1, to in zip(fl.tolist(), lo.tolist(), hi.tolist(), dest.tolist()):
+                part = values[q]
+                if to < T:
+                    out[to:to + x1 - x0] = part[x0:x1]  # type: ignore[index]
+                elif tail is not None:
+                    tail[to - T:to - T + x1 - x0] = part[x0:x1]  # type: ignore[index]
+            return out
+        into = ranges(dest, widths)
+        got = np.empty(len(into), dtype=out.dtype)
+        for f, sel in by_file:
+            part = values[f]
+            if sel is None:
+                got[:] = part[ranges(lo, widths)]  # type: ignore[index]
+            else:
+                got[ranges(exclusive_cumsum(widths)[sel], widths[sel])] = part[ranges(lo[sel], widths[sel])]  # type: ignore[index]
+        front = into < T
+        if front.all():
+            out[into] = got
+        else:
+            out[into[front]] = got[front]
+            if tail is not None:
+                tail[into[~front] - T] = got[~front]
+        return out
+
+    # ------------------------------------------------------------ integrity (impl.integrity)
 
     def check_blocks(self, file: int, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Refuse changed tokens before they are served: check the blocks holding tokens ``[starts[i], stops[i])`` of ``file``.
+        """Refuse changed tokens before they are served: verify the blocks holding tokens ``[starts[i], stops[i])`` of ``file``.
 
-        ``starts``/``stops`` are file-local token offsets (int64 arrays of
-        equal length; empty ranges are ignored). **Every reader of token
-        values must call this first**, for the ranges it is about to copy:
-        every reader of this class does, and a reader working on the raw
-        mapped views (``store._part(f)``, the packing fill path) must too. A
-        format-2/3 file's bytes are covered by one CRC-32 per block
-        (:data:`BLOCK_BYTES`, 16 KiB, in stores the builder writes); a
-        block is CRC'd from the mapping on its first read by this store
-        object and remembered in a per-file bitmap, so a range in verified
-        blocks costs a ``bytearray.find``, and a file whose blocks are all
-        verified costs one list index and one attribute test (the first lines
-        below: keep that path short). A block that changed since the build
-        raises :class:`StoreCorruptError` naming the store, the file, the
-        block and its bytes, and the fix.
-
-        Why blocks of the file's bytes (not of the token values): one scheme
-        covers values, offsets and Arrow metadata alike, and the build
-        computes it in the same read as the file's sha256. Why 16 KiB: a
-        fresh resume's first batch reads a few dozen documents, each in a
-        different block of values and of offsets, and CRCs every block it
-        touches whole (with its first-touch page faults), so the block size
-        sets that batch's cost; smaller blocks cost a sequential first read
-        more Python per block, which 16 KiB keeps small (the figures:
-        benchmarks/README.md, "Design figures"). Up to :data:`_SMALL` ranges
-        are walked in Python (a numpy pipeline costs more than it saves
-        there).
-        A first read continuing a sequential streak (a reader in file order)
-        also verifies blocks ahead, up to 512 KiB (:meth:`_first_read`), still
-        before any of their tokens is served: the batches after it find their
-        blocks verified and pay one ``find`` each (the read-ahead lowers the
-        checks' share of a file-order first read: ``python -m
-        benchmarks.first_epoch --shuffle none``); a random first read
-        (a resume's first batch, a global shuffle) verifies only what it reads.
-        A batch's runs in several files are checked in one call by
-        :meth:`check_blocks_batch`.
-        A document's offsets are checked per entry by
-        :meth:`document_bounds`. Format-1 files have no block checksums: for
-        them this only maps the file (quick signature).
-
-        Thread-safe: concurrent readers may check the same block; each block
-        is CRC'd once under its file's lock.
+        ``starts``/``stops`` are file-local token offsets (equal-length int64
+        arrays; empty ranges are ignored). Every block is CRC'd once per
+        store object, on its first read; a changed one raises
+        :class:`StoreCorruptError` naming the store, the file, the block and
+        the fix (:meth:`impl.integrity.Integrity.check_blocks`). Format-1
+        files have no block checksums: for them this only maps the file.
 
         >>> store.check_blocks(0, np.array([0, 100]), np.array([10, 4096]))   # doctest: +SKIP
         """
-        try:
-            done = file >= 0 and self._blocks[file].complete  # type: ignore[union-attr]
-        except (AttributeError, IndexError, TypeError):
-            done = False
-        if done:
-            return
-        self._require_open()
-        f = operator.index(file)
-        if not 0 <= f < len(self._records):
-            raise IndexError(f"file {file} out of range for a store of {len(self._records)} files")
-        self._map(f)
-        blocks = self._blocks[f]
-        if blocks is None or blocks.complete:
-            return
-        lo_tok = np.asarray(starts, dtype=np.int64).reshape(-1)
-        hi_tok = np.asarray(stops, dtype=np.int64).reshape(-1)
-        if lo_tok.shape != hi_tok.shape:
-            raise ValueError(f"starts and stops differ in length ({lo_tok.size} and {hi_tok.size})")
-        if not lo_tok.size:
-            return
-        small = lo_tok.size <= _SMALL
-        if small:  # a batch's few runs per file: Python's min/max beat numpy's call overhead
-            lo_list, hi_list = lo_tok.tolist(), hi_tok.tolist()
-            first_tok, last_tok = min(lo_list), max(hi_list)
-        else:
-            first_tok, last_tok = int(lo_tok.min()), int(hi_tok.max())
-        if first_tok < 0 or last_tok > self._records[f].num_tokens:
-            raise IndexError(
-                f"token range out of bounds for file {f} of {self._records[f].num_tokens} tokens "
-                f"(starts from {first_tok}, stops up to {last_tok})"
-            )
-        if last_tok <= first_tok:
-            return
-        base, item, block = blocks.base, blocks.itemsize, blocks.block
-        first = (base + first_tok * item) // block
-        last = (base + last_tok * item - 1) // block
-        verified = blocks.verified
-        lo = verified.find(0, first, last + 1)
-        if lo < 0:
-            return
-        if small and sum(hi_list) - sum(lo_list) >= last_tok - first_tok:
-            self._first_read(f, blocks, lo, last)  # the runs cover the span (e.g. one sample's pieces in file order)
-        elif small:
-            for a, b in zip(lo_list, hi_list):
-                self._check_span(f, a, b)
-        else:
-            keep = hi_tok > lo_tok
-            if not keep.all():
-                lo_tok, hi_tok = lo_tok[keep], hi_tok[keep]
-            lo_np = (base + lo_tok * item) // block
-            hi_np = (base + hi_tok * item - 1) // block
-            n = blocks.count
-            if np.array_equal(lo_np, hi_np):
-                wanted = lo_np
-            else:
-                depth = np.cumsum(np.bincount(lo_np, minlength=n + 1) - np.bincount(hi_np + 1, minlength=n + 1))
-                wanted = np.flatnonzero(depth[:n])
-            todo = wanted[~blocks.verified_np[wanted]].tolist()
-            if todo and todo[-1] - todo[0] + 1 == len(todo):  # one run of unverified blocks: may continue a streak
-                self._first_read(f, blocks, todo[0], todo[-1])
-            elif todo:
-                self._verify_blocks(self._records[f], blocks, todo)
+        self._checks.check_blocks(file, starts, stops)
 
     def check_blocks_batch(self, files: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
         """:meth:`check_blocks` of a whole batch: the blocks holding tokens ``[starts[i], stops[i])`` of ``files[i]``.
 
-        Why one call a batch: under a global shuffle a batch of 8 x 2048
-        tokens copies dozens of runs from a dozen files; one ``check_blocks``
-        call per file (array conversions, spans, its own CRC loop) and the
-        caller's per-file selections pay their fixed costs once per file,
-        even when every block is verified (the rest of a first epoch), and
-        more on a first read. Here one pass over the runs finds each run's
-        unverified blocks (a ``find``) and CRCs them there; once every block
-        of the store is verified the call is one attribute test. All runs in
-        one file (file order), or more than :data:`_SMALL` runs, go through
-        :meth:`check_blocks` (its span and numpy paths). The same guarantee:
-        every block holding a token of a run is verified before this
-        returns, or :class:`StoreCorruptError` names the first changed one.
-
         >>> store.check_blocks_batch(np.array([0, 2]), np.array([0, 100]), np.array([10, 4096]))  # doctest: +SKIP
         """
-        if self._all_verified:
-            self._require_open()
-            return
-        fl = np.asarray(files, dtype=np.int64).reshape(-1)
-        lo_tok = np.asarray(starts, dtype=np.int64).reshape(-1)
-        hi_tok = np.asarray(stops, dtype=np.int64).reshape(-1)
-        if not fl.shape == lo_tok.shape == hi_tok.shape:
-            raise ValueError(f"files, starts and stops differ in length ({fl.size}, {lo_tok.size}, {hi_tok.size})")
-        file_list = fl.tolist()
-        if not file_list:
-            return
-        if file_list.count(file_list[0]) == len(file_list):
-            self.check_blocks(file_list[0], lo_tok, hi_tok)
-            return
-        if len(file_list) > _SMALL:
-            for f in distinct_ints(fl):
-                mine = fl == f
-                self.check_blocks(f, lo_tok[mine], hi_tok[mine])
-            return
-        blocks_of, records = self._blocks, self._records
-        for f, a, b in zip(file_list, lo_tok.tolist(), hi_tok.tolist()):
-            if not 0 <= f < len(records):
-                raise IndexError(f"file {f} out of range for a store of {len(records)} files")
-            blocks = blocks_of[f]
-            if blocks is None:
-                self._require_open()
-                self._map(f)
-                blocks = blocks_of[f]
-                if blocks is None:
-                    continue
-            if blocks.complete or b <= a:
-                continue
-            if a < 0 or b > records[f].num_tokens:
-                raise IndexError(f"token range [{a}, {b}) out of bounds for file {f} of {records[f].num_tokens} tokens")
-            self._check_span(f, a, b)
+        self._checks.check_blocks_batch(files, starts, stops)
+
+    def document_bounds(self, file: int, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(start, length)`` (file-local tokens, int64) of file-local documents ``docs`` of ``file``, from checked offsets.
+
+        The blocks holding each document's two offsets entries pass their
+        CRC first; format 4 also checks each returned document's tokens
+        (:attr:`document_checks`; :meth:`impl.integrity.Integrity.document_bounds`).
+
+        >>> store.document_bounds(0, np.array([3, 0]))      # doctest: +SKIP
+        (array([9, 0]), array([4, 3]))
+        """
+        return self._checks.document_bounds(file, docs)
+
+    def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`document_bounds` of many files at once: ``(start, length)`` of document ``docs[i]`` of ``files[i]``.
+
+        >>> store.document_bounds_batch(np.array([0, 2]), np.array([3, 0]))      # doctest: +SKIP
+        (array([9, 0]), array([4, 3]))
+        """
+        return self._checks.document_bounds_batch(files, docs)
 
     def verify(self) -> None:
         """The full check: meta's own fingerprint, then every file's every byte (sha256 and every block CRC).
@@ -1376,21 +990,21 @@ class TokenStore:
             if self._version < spec.since:
                 continue
             recorded = self._meta["layout"][spec.key]["sha256"]
-            digest = sha256_file(self._path / spec.name)
+            digest = sha256_of(self._files, spec.name)
             if digest != recorded:
                 raise StoreCorruptError(
                     f"{self._table_where(spec.name)} changed since it was built (sha256 {digest[:16]}..., recorded "
                     f"{str(recorded)[:16]}...): the {spec.entry} checks cannot be trusted; {REBUILD_HINT}"
                 )
-        self._all_verified = False
+        self._checks.all_verified = False
         for f, rec in enumerate(self._records):
             self._map(f)
             blocks = self._blocks[f]
             if blocks is None:
-                digest = sha256_file(self._path / rec.name)
+                digest = sha256_of(self._files, rec.name)
             else:
                 blocks.reset()
-                self._verify_span(rec, blocks, 0, blocks.count - 1)
+                self._checks.verify_span(rec, blocks, 0, blocks.count - 1)
                 digest = hashlib.sha256(blocks.data).hexdigest()
             if digest != rec.sha256:
                 raise StoreCorruptError(
@@ -1411,7 +1025,7 @@ class TokenStore:
                 )
             if blocks is not None and blocks.documents is not None and rec.num_documents:
                 bounds = offsets.tolist()
-                self._verify_documents([(f, d, bounds[d], bounds[d + 1]) for d in range(rec.num_documents)])
+                self._checks.verify_documents([(f, d, bounds[d], bounds[d + 1]) for d in range(rec.num_documents)])
 
     @property
     def format_version(self) -> int:
@@ -1448,25 +1062,30 @@ class TokenStore:
         """
         with self._map_lock:
             self._closed = True
-            self._mapped = [None] * len(self._records)
-            self._blocks = [None] * len(self._records)
+            self._mapped[:] = [None] * len(self._records)
+            self._checks.forget()
+            self._map_order = []
             self._doc_offsets = None
             self._lengths = None
             self._tables = {}
             self._documents_verified = None
 
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # Processes (e.g. DataLoader workers under spawn) get the path and fingerprint,
-        # never the tokens; the receiver re-opens and checks it sees the same store.
-        return (_reopen, (str(self._path), self.fingerprint))
+    def __reduce__(self) -> tuple[Any, tuple[str, str, FileAccess]]:
+        # Processes (e.g. DataLoader workers under spawn) get the path, fingerprint and file access,
+        # never the tokens; the receiver re-opens through the same access and checks it sees the same store.
+        return (_reopen, (str(self._path), self.fingerprint, self._files))
+
+
+def _file_where(path: Path, name: str) -> str:
+    return f"token store {path}: file {name}"
 
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _reopen(path: str, fingerprint: str) -> TokenStore:
-    store = TokenStore.open(path)
+def _reopen(path: str, fingerprint: str, files: FileAccess | None = None) -> TokenStore:
+    store = TokenStore.open(path, files=files)
     if store.fingerprint != fingerprint:
         raise StoreCorruptError(
             f"token store {path} changed (fingerprint {store.fingerprint[:16]}..., expected {fingerprint[:16]}...) "

@@ -94,6 +94,7 @@ import pyarrow as pa
 
 from impl._crc import crc32
 from impl.errors import REBUILD_HINT, ConfigError, StoreCorruptError, StoreVersionError
+from impl.files import FileAccess, map_read_only
 
 __all__ = [
     "BLOCK_BYTES",
@@ -121,8 +122,11 @@ __all__ = [
     "hash_documents",
     "hash_file_blocks",
     "open_arrow",
+    "open_arrow_buffer",
     "quick_signature",
+    "quick_signature_of",
     "sha256_file",
+    "sha256_of",
     "take_crc_tables",
     "validate_meta",
 ]
@@ -339,22 +343,42 @@ def quick_signature(path: str | os.PathLike[str], size: int | None = None) -> st
     (where the schema, the record-batch layout and the file magic live); an
     edit in the middle of a large file is caught by the block checksums of
     formats 2 to 4 on the first read of its block (format 1: only by ``verify``).
+    The writer signs a path; readers sign through their file access
+    (:func:`quick_signature_of`), to the same value.
     """
     fd = os.open(os.fspath(path), os.O_RDONLY)
     try:
         if size is None:
             size = os.fstat(fd).st_size
-        h = hashlib.sha256()
-        h.update(b"loadspec-quick-signature-v1\0")
-        h.update(int(size).to_bytes(8, "little"))
         if size <= 2 * QUICK_SIGNATURE_BYTES:
-            h.update(_pread_all(fd, size, 0))
-        else:
-            h.update(_pread_all(fd, QUICK_SIGNATURE_BYTES, 0))
-            h.update(_pread_all(fd, QUICK_SIGNATURE_BYTES, size - QUICK_SIGNATURE_BYTES))
-        return h.hexdigest()
+            return _signature(size, _pread_all(fd, size, 0), b"")
+        return _signature(size, _pread_all(fd, QUICK_SIGNATURE_BYTES, 0),
+                          _pread_all(fd, QUICK_SIGNATURE_BYTES, size - QUICK_SIGNATURE_BYTES))
     finally:
         os.close(fd)
+
+
+def quick_signature_of(files: FileAccess, name: str) -> str:
+    """:func:`quick_signature` of file ``name`` read through ``files`` (its mapping: only the two windows are touched)."""
+    data = files.map(name)
+    size = len(data)
+    if size <= 2 * QUICK_SIGNATURE_BYTES:
+        return _signature(size, data[:], b"")
+    return _signature(size, data[:QUICK_SIGNATURE_BYTES], data[size - QUICK_SIGNATURE_BYTES:])
+
+
+def _signature(size: int, head: bytes, tail: bytes) -> str:
+    h = hashlib.sha256()
+    h.update(b"loadspec-quick-signature-v1\0")
+    h.update(int(size).to_bytes(8, "little"))
+    h.update(head)
+    h.update(tail)
+    return h.hexdigest()
+
+
+def sha256_of(files: FileAccess, name: str) -> str:
+    """Full sha256 of file ``name`` read through ``files`` (:meth:`TokenStore.verify`)."""
+    return hashlib.sha256(files.map(name)).hexdigest()
 
 
 def content_fingerprint(file_sha256s: Sequence[str], dtype: str, tokenizer_sha256: str,
@@ -380,16 +404,22 @@ def arrow_type(dtype: np.dtype) -> pa.DataType:
 
 def open_arrow(path: str | os.PathLike[str]) -> tuple[pa.LargeListArray, pa.Buffer]:
     """The token column of a one-batch Arrow IPC file and the whole file as one mapped buffer."""
-    with pa.memory_map(os.fspath(path), "r") as mm:
-        reader = pa.ipc.open_file(mm)
-        if reader.num_record_batches != 1:
-            raise StoreCorruptError(f"{path}: {reader.num_record_batches} record batches, expected 1; {REBUILD_HINT}")
-        batch = reader.get_batch(0)
-        if batch.num_columns != 1 or not pa.types.is_large_list(batch.column(0).type):
-            raise StoreCorruptError(f"{path}: schema {batch.schema} is not one large_list column; {REBUILD_HINT}")
-        mm.seek(0)
-        whole = mm.read_buffer(mm.size())
-    # The mapping outlives the closed file: Arrow buffers keep the region alive.
+    return open_arrow_buffer(map_read_only(os.fspath(path)), os.fspath(path))
+
+
+def open_arrow_buffer(data: mmap.mmap | bytes, where: str) -> tuple[pa.LargeListArray, pa.Buffer]:
+    """:func:`open_arrow` of a file already mapped (by a :class:`~impl.files.FileAccess`); ``where`` names it.
+
+    Zero-copy: the column's buffers are slices of ``whole``, the mapping
+    itself, which Arrow keeps alive while any of them is referenced.
+    """
+    whole = pa.py_buffer(data)
+    reader = pa.ipc.open_file(pa.BufferReader(whole))
+    if reader.num_record_batches != 1:
+        raise StoreCorruptError(f"{where}: {reader.num_record_batches} record batches, expected 1; {REBUILD_HINT}")
+    batch = reader.get_batch(0)
+    if batch.num_columns != 1 or not pa.types.is_large_list(batch.column(0).type):
+        raise StoreCorruptError(f"{where}: schema {batch.schema} is not one large_list column; {REBUILD_HINT}")
     return batch.column(0), whole
 
 
@@ -530,11 +560,13 @@ def crc_table_where(root: str | os.PathLike[str], name: str) -> str:
     return f"token store {root}: {name}"
 
 
-def check_crc_table_size(root: Path, meta: Mapping[str, Any], spec: CrcTable, entries: int, what: str) -> None:
+def check_crc_table_size(files: FileAccess, root: Path, meta: Mapping[str, Any], spec: CrcTable, entries: int,
+                         what: str) -> None:
     """At open (format 3, 4): table ``spec`` exists and holds one 4-byte CRC per entry (``entries`` ``what``).
 
     Reads no table byte: ``meta.json``'s recorded size and the file's size
-    must both be ``4 * entries`` (the entries' content is checked when read).
+    (``files.stat``) must both be ``4 * entries`` (the entries' content is
+    checked when read).
     """
     expected, name = 4 * entries, spec.name
     recorded = meta["layout"][spec.key]["size"]
@@ -543,10 +575,10 @@ def check_crc_table_size(root: Path, meta: Mapping[str, Any], spec: CrcTable, en
             f"{root / META_FILE}: layout.{spec.key} records {recorded} bytes, but the store's "
             f"{entries} {what} need {expected}; {REBUILD_HINT}"
         )
-    try:
-        size = os.stat(f"{root}/{name}").st_size
-    except FileNotFoundError:
-        raise StoreCorruptError(f"{crc_table_where(root, name)} is missing; {REBUILD_HINT}") from None
+    st = files.stat(name)
+    if st is None:
+        raise StoreCorruptError(f"{crc_table_where(root, name)} is missing; {REBUILD_HINT}")
+    size = st.size
     if size != expected:
         raise StoreCorruptError(
             f"{crc_table_where(root, name)} {'is truncated' if size < expected else 'changed since it was built'} "

@@ -3,7 +3,7 @@ token copied into a batch was checked first: handed to ``TokenStore.check_blocks
 whose own CRC-32 (or whose blocks) the store verified when it gave its bounds (format 4).
 
 Counted, not timed: ``TokenStore._map_file`` (a file mapped),
-``impl.store.quick_signature`` (a file signed) and ``impl.store._open_arrow``
+``impl.store.quick_signature_of`` (a file signed) and ``impl.store._open_arrow``
 (an Arrow footer parsed) are wrapped to record their calls on a store of many
 files; ``check_blocks`` is replaced on the store instance by a recorder
 (format 3), ``TokenSource.gather`` wrapped to audit each run at its entry
@@ -55,22 +55,22 @@ def store_dir():
 def counted(monkeypatch):
     """Record which files get mapped, signed and parsed by Arrow."""
     seen: dict[str, list] = {"mapped": [], "signed": [], "parsed": []}
-    real_map, real_sign, real_open = TokenStore._map_file, store_module.quick_signature, store_module._open_arrow
+    real_map, real_sign, real_open = TokenStore._map_file, store_module.quick_signature_of, store_module._open_arrow
 
     def map_file(self, rec):
         seen["mapped"].append(rec.name)
         return real_map(self, rec)
 
-    def sign(path, size=None):
-        seen["signed"].append(Path(path).name)
-        return real_sign(path, size)
+    def sign(files, name):
+        seen["signed"].append(name)
+        return real_sign(files, name)
 
     monkeypatch.setattr(TokenStore, "_map_file", map_file)
-    def open_arrow(path):
-        seen["parsed"].append(Path(path).name)
-        return real_open(path)
+    def open_arrow(data, where):
+        seen["parsed"].append(Path(where).name)
+        return real_open(data, where)
 
-    monkeypatch.setattr(store_module, "quick_signature", sign)
+    monkeypatch.setattr(store_module, "quick_signature_of", sign)
     monkeypatch.setattr(store_module, "_open_arrow", open_arrow)
     return seen
 
@@ -255,10 +255,10 @@ class RunAudit:
         self.unverified: list[tuple[int, int, int, str]] = []
         real = TokenSource.gather
 
-        def gather(source, out, files, starts, stops, dest, tail=None):
+        def gather(source, out, files, starts, stops, dest, tail=None, docs=None):
             for run in zip(np.asarray(files).tolist(), np.asarray(starts).tolist(), np.asarray(stops).tolist()):
                 self.audit(*run)
-            return real(source, out, files, starts, stops, dest, tail)
+            return real(source, out, files, starts, stops, dest, tail, docs)
 
         monkeypatch.setattr(TokenSource, "gather", gather)
 

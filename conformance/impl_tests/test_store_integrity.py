@@ -38,6 +38,7 @@ import pyarrow as pa
 import pytest
 
 from impl import build as build_module
+from impl import integrity as integrity_module
 from impl import store as store_module
 from impl.errors import StoreCorruptError, StoreError
 from impl.store import QUICK_SIGNATURE_BYTES, TokenStore
@@ -129,7 +130,7 @@ def large(tmp_path, large_file) -> Path:
 
 
 class _CountingCrc:
-    """Stands in for the store module's ``crc32``: counts CRCs and their bytes, computes them with zlib's (the same)."""
+    """Stands in for the integrity module's ``crc32``: counts CRCs and their bytes, computes them with zlib's (the same)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -272,7 +273,7 @@ def test_changed_document_offsets_are_refused_before_any_boundary_is_used(tmp_pa
 
 def test_each_block_is_crcd_once_per_store_object_however_often_and_however_it_is_read(four, monkeypatch):
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     store = TokenStore.open(four)
     total_blocks = (four / "blocks.crc32").stat().st_size // 4
     list(store)
@@ -289,7 +290,7 @@ def test_each_block_is_crcd_once_per_store_object_however_often_and_however_it_i
 def test_concurrent_readers_crc_each_block_once_and_all_get_the_right_tokens(four, monkeypatch):
     expected = [d.tolist() for d in TokenStore.open(four)]
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     store = TokenStore.open(four)
     total_blocks = (four / "blocks.crc32").stat().st_size // 4
     order = np.random.default_rng(0).permutation(len(store)).tolist()
@@ -301,7 +302,7 @@ def test_concurrent_readers_crc_each_block_once_and_all_get_the_right_tokens(fou
 
 def test_a_range_in_verified_blocks_is_not_crcd_again_but_an_unverified_neighbour_is(large, monkeypatch):
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     store = TokenStore.open(large)
     store.check_blocks(0, np.array([0]), np.array([1]))
     after_map = counting.calls
@@ -334,10 +335,10 @@ def _block_reader(store: TokenStore, counting: _CountingCrc):
 
 def test_a_first_read_in_file_order_verifies_a_growing_bounded_window_ahead_once_its_streak_is_long(large, monkeypatch):
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     blocks, read = _block_reader(TokenStore.open(large), counting)
     first = blocks.base // blocks.block + 1
-    threshold = store_module._READ_AHEAD_AFTER // blocks.block
+    threshold = integrity_module._READ_AHEAD_AFTER // blocks.block
     assert blocks.count > first + 4 * blocks.read_ahead > first + 4 * threshold
     costs = [read(k) for k in range(first, blocks.count)]
     assert costs[:threshold - 1] == [1] * (threshold - 1), "no read-ahead before the streak is long enough"
@@ -350,7 +351,7 @@ def test_a_first_read_in_file_order_verifies_a_growing_bounded_window_ahead_once
 
 def test_a_random_first_read_verifies_only_its_own_blocks_even_next_to_verified_ones(large, monkeypatch):
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     blocks, read = _block_reader(TokenStore.open(large), counting)
     first = blocks.base // blocks.block + 1
     middle = blocks.count // 2
@@ -428,7 +429,7 @@ def test_verify_passes_a_clean_store_and_leaves_every_block_verified(four, monke
     store = TokenStore.open(four)
     store.verify()
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     store.gather(np.arange(len(store)))
     assert counting.calls == 0
 
@@ -485,7 +486,7 @@ def test_a_fully_verified_store_checks_a_batch_without_a_crc_and_still_refuses_i
     store = TokenStore.open(four_files)
     store.verify()
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     store.check_blocks_batch(np.array([0, 3, 1]), np.array([0, 5, 9]), np.array([100, 50, 10]))
     assert counting.calls == 0
     store.close()
@@ -568,7 +569,7 @@ def test_a_format_2_store_opens_reads_the_same_tokens_checks_each_block_once_and
     expected = [d.tolist() for d in TokenStore.open(four)]
     _as_format_2(four)
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         store = TokenStore.open(four)
@@ -670,7 +671,7 @@ def test_a_batch_checks_only_the_offsets_blocks_of_its_documents_and_refuses_a_c
     _, offsets_at, _ = _layout(path)
     expected = TokenStore.open(out)
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     source = TokenSource.from_store(TokenStore.open(out))
     _, lo, length = source.locate(np.array([5, 9_000]))
     offsets_blocks = -(-12_001 * 8 // SMALL_BLOCK)
@@ -711,13 +712,13 @@ def test_a_format_2_store_without_recorded_buffers_reads_through_arrow_after_its
     expected = [d.tolist() for d in TokenStore.open(four)]
     _edit_records(four, lambda r: r.pop("buffers"))
     signed = []
-    real = store_module.quick_signature
+    real = store_module.quick_signature_of
 
-    def sign(path, size=None):
-        signed.append(Path(path).name)
-        return real(path, size)
+    def sign(files, name):
+        signed.append(name)
+        return real(files, name)
 
-    monkeypatch.setattr(store_module, "quick_signature", sign)
+    monkeypatch.setattr(store_module, "quick_signature_of", sign)
     store = TokenStore.open(four)
     assert store[len(store) - 1].tolist() == expected[-1]
     assert signed == ["tokens-00003.arrow"]
@@ -982,7 +983,7 @@ def test_a_located_batch_crcs_only_its_documents_bytes_and_refuses_a_changed_off
     d = _entry_between(lengths, 9_000, False, False)
     clean = TokenStore.open(many_short)
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     _, lo, length = TokenSource.from_store(TokenStore.open(many_short)).locate(np.array([5, d]))
     assert counting.sizes == [2 * int(lengths[5]), 2 * int(lengths[d])]
     assert lo.tolist() == [int(clean.doc_offsets[e]) for e in (5, d)] and length.tolist() == lengths[[5, d]].tolist()
@@ -1115,7 +1116,7 @@ def test_a_random_first_read_crcs_exactly_its_documents_bytes_once_per_store_obj
     first, other = (rng.choice(len(lengths), count, replace=False) for _ in range(2))
     second = rng.permutation(np.setdiff1d(other, first))[:count - count // 3]  # with a third of first: count again
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
 
     def crcd(store: TokenStore, docs: np.ndarray) -> list[int]:
         counting.sizes.clear()
@@ -1139,7 +1140,7 @@ def test_a_document_checked_in_a_forked_worker_is_checked_again_by_the_parent(fo
     store = TokenStore.open(four)
     store._map(0)  # mapped before the fork, as a DataLoader's forked workers inherit it
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     pid = os.fork()
     if pid == 0:  # the worker: checks document 3 of file 0 and reports whether it counts as verified there
         try:
@@ -1164,7 +1165,7 @@ def test_a_shuffled_batch_crcs_exactly_the_bytes_of_the_documents_it_serves(many
     dataset().plan(0)  # the plan reads every length (offsets checked by block): cached, as a resumed job finds it
     lengths = _lengths_of(many_short)
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     ds = dataset()
     served: set[int] = set()
     for rows in ([0, 1, 2, 3], [len(ds) // 2, 7, 3], [len(ds) - 1]):
@@ -1180,7 +1181,7 @@ def test_documents_read_in_file_order_keep_the_block_checks_and_read_ahead_and_a
         large, monkeypatch):
     """Dense documents (their offsets in few blocks) are checked by block, reading ahead, not by document CRCs."""
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     store = TokenStore.open(large)
     half = store.num_documents // 2
     for k in range(0, half, 10):
@@ -1257,6 +1258,6 @@ def test_a_file_whose_blocks_are_all_verified_gives_its_documents_bounds_without
     store = TokenStore.open(four)
     list(store)  # every block of every file verified
     counting = _CountingCrc()
-    monkeypatch.setattr(store_module, "crc32", counting)
+    monkeypatch.setattr(integrity_module, "crc32", counting)
     _bounds_of(store, np.array([3, 200, 450]))
     assert counting.calls == 0 and not any(store._blocks[0].documents_verified)

@@ -151,3 +151,26 @@ def test_the_checks_find_a_lazy_circle_and_a_private_name_and_skip_type_checking
                "impl.errors": "from impl import ConfigError\n"}
     assert import_cycles(import_graph(sources)) == [["impl.a", "impl.c", "impl.a"]]
     assert private_imports(sources) == {("impl.a", "impl.c", "_helper")}
+
+
+#: The token store's private members that hold or reach its mapped bytes: only ``impl/store.py`` may touch them.
+STORE_MAPPINGS = frozenset({"_map", "_part", "_mapped", "_blocks", "_values", "_offsets", "_map_file", "_check_span",
+                            "_verify_documents", "_verify_span", "_tables", "_files"})
+
+
+def store_mapping_uses(module: str, source: str) -> list[tuple[int, str]]:
+    r"""``(line, name)`` of each ``x._name`` in ``source`` with ``_name`` a store mapping and ``x`` not ``self``.
+
+    >>> store_mapping_uses("impl.fill", "def f(store):\n    return store._map(0)\nclass A:\n    def g(self):\n        self._map\n")
+    [(2, '_map')]
+    """
+    return [(node.lineno, node.attr) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and node.attr in STORE_MAPPINGS
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))]
+
+
+def test_no_impl_module_but_the_store_reaches_into_a_stores_mappings():
+    found = [f"{module}:{line}: .{name}" for module, source in impl_sources().items() if module != "impl.store"
+             for line, name in store_mapping_uses(module, source)]
+    assert not found, "these modules read a store's mappings around its checked read (use TokenStore.read_runs / " \
+        "document_bounds_batch):\n" + "\n".join(found)

@@ -1,0 +1,179 @@
+"""The token store reads every byte through its file seam (:mod:`impl.files`), never through a path of its own.
+
+Shown with accesses that are not the local disk: an in-memory access serving a
+copy of a store's bytes (the directory deleted) opens, reads, verifies and
+pickles to the same tokens, and a counting access sees every file the store
+touches; its errors name the file as the access names it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from impl.errors import StoreCorruptError
+from impl.files import FileStat, LocalFiles
+from impl.store import TokenStore
+
+
+class MemoryFiles:
+    """A FileAccess serving files from a dict of bytes (picklable: a spawned worker gets the bytes too)."""
+
+    def __init__(self, blobs: dict[str, bytes]) -> None:
+        self.blobs = blobs
+
+    def where(self, name: str) -> str:
+        return f"mem://store/{name}"
+
+    def stat(self, name: str) -> FileStat | None:
+        blob = self.blobs.get(name)
+        return None if blob is None else FileStat(size=len(blob), version="1")
+
+    def map(self, name: str) -> bytes:
+        try:
+            return self.blobs[name]
+        except KeyError:
+            raise FileNotFoundError(self.where(name)) from None
+
+    def open(self, name: str) -> io.BytesIO:
+        return io.BytesIO(self.map(name))
+
+
+class CountingFiles(LocalFiles):
+    """LocalFiles that records every name asked for (stat or map)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.asked: list[tuple[str, str]] = []
+
+    def stat(self, name: str) -> FileStat | None:
+        self.asked.append(("stat", name))
+        return super().stat(name)
+
+    def map(self, name: str):  # type: ignore[no-untyped-def]
+        self.asked.append(("map", name))
+        return super().map(name)
+
+
+def _documents() -> list[list[list[int]]]:
+    rng = np.random.default_rng(7)
+    return [[rng.integers(0, 50_000, size=int(rng.integers(0, 300))).tolist() for _ in range(40)] for _ in range(3)]
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return TokenStore.from_token_files(_documents(), tmp_path / "store", vocab_size=50_000).path
+
+
+def _blobs(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("layout", ["recorded buffers", "through Arrow"])
+def test_a_store_served_from_memory_opens_reads_and_verifies_to_the_same_tokens_with_its_directory_gone(
+        store_dir, layout):
+    if layout == "through Arrow":  # records without a buffer layout: the quick signature and Arrow parse path
+        meta = json.loads((store_dir / "meta.json").read_text())
+        for record in meta["files"]:
+            del record["buffers"]
+        (store_dir / "meta.json").write_text(json.dumps(meta))
+    expected = [d.tolist() for d in TokenStore.open(store_dir)]
+    blobs = _blobs(store_dir)
+    shutil.rmtree(store_dir)
+    store = TokenStore.open("somewhere/else", files=MemoryFiles(blobs))
+    assert [store[i].tolist() for i in range(len(store))] == expected
+    assert [d.tolist() for d in store] == expected
+    assert store.read(5, 900).tolist() == np.concatenate([np.asarray(d, dtype=np.int64) for d in expected])[5:900].tolist()
+    store.verify()
+    clone = pickle.loads(pickle.dumps(store))   # a spawned worker reopens through the same access
+    assert clone.fingerprint == store.fingerprint
+    assert [d.tolist() for d in clone] == expected
+
+
+def test_every_file_the_store_reads_is_asked_of_its_file_access_by_name(store_dir):
+    files = CountingFiles(store_dir)
+    store = TokenStore.open(store_dir, files=files)
+    opened = set(files.asked)
+    assert ("map", "meta.json") in opened
+    assert {("stat", r.name) for r in store.file_records} <= opened   # sizes at open, no token file mapped
+    assert not [n for kind, n in opened if kind == "map" and n.endswith(".arrow")]
+    list(store)
+    store.verify()
+    names = {n for _, n in files.asked}
+    assert names == {"meta.json", "blocks.crc32", "documents.crc32", *(r.name for r in store.file_records)}
+
+
+def test_a_changed_file_behind_the_access_is_refused_naming_it_as_the_access_does(store_dir):
+    blobs = _blobs(store_dir)
+    name = TokenStore.open(store_dir).file_records[1].name
+    blobs[name] = blobs[name][:-8]
+    with pytest.raises(StoreCorruptError, match=rf"{name} is truncated"):
+        TokenStore.open("mem-store", files=MemoryFiles(blobs))
+    del blobs[name]
+    with pytest.raises(StoreCorruptError, match=rf"{name} is missing"):
+        TokenStore.open("mem-store", files=MemoryFiles(blobs))
+    blobs = _blobs(store_dir)
+    table = bytearray(blobs["blocks.crc32"])
+    table[0] ^= 0xFF
+    blobs["blocks.crc32"] = bytes(table)
+    store = TokenStore.open("mem-store", files=MemoryFiles(blobs))
+    with pytest.raises(StoreCorruptError, match=r"blocks\.crc32 changed since it was built"):
+        store.verify()
+
+
+# --------------------------------------------------------------------------- the one checked read
+
+
+def _runs(store: TokenStore, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+    """``n`` random runs, each inside one document: (files, starts, stops, file-local docs, global docs, lo, hi)."""
+    docs = rng.integers(0, len(store), size=n)
+    files = np.searchsorted(np.asarray(store.file_document_starts), docs, side="right") - 1
+    local = docs - np.asarray(store.file_document_starts)[files]
+    starts, lengths = store.document_bounds_batch(files, local)
+    lo = (rng.random(n) * (lengths + 1)).astype(np.int64)
+    hi = lo + (rng.random(n) * (lengths - lo + 1)).astype(np.int64)
+    return files, starts + lo, starts + hi, local, docs, lo, hi
+
+
+@pytest.mark.parametrize("copy", ["slices", "fancy index"])
+@pytest.mark.parametrize("with_docs", [True, False])
+def test_read_runs_gives_exactly_the_slices_of_the_documents_the_runs_lie_in(store_dir, monkeypatch, copy, with_docs):
+    import impl.store as store_module
+
+    monkeypatch.setattr(store_module, "SLICE_MIN_WIDTH", 0 if copy == "slices" else 10**9)
+    clean = TokenStore.open(store_dir)
+    store = TokenStore.open(store_dir)
+    files, starts, stops, local, docs, lo, hi = _runs(clean, np.random.default_rng(3), 50)
+    got = store.read_runs(files, starts, stops, docs=local if with_docs else None)
+    expected = [clean[int(d)][a:b] for d, a, b in zip(docs.tolist(), lo.tolist(), hi.tolist())]
+    assert got.dtype == clean.dtype
+    assert got.tolist() == np.concatenate(expected).tolist()
+    last, front = expected[-1].tolist(), np.concatenate(expected[:-1]).tolist()
+    out, tail = np.full(len(front) + 5, -1, dtype=np.int64), np.full(len(last) + 3, -1, dtype=np.int64)
+    dest = np.concatenate(([0], np.cumsum(stops - starts)[:-1]))
+    dest[-1] = len(out)   # a dest past out addresses tail: the last run goes there
+    store.read_runs(files, starts, stops, docs=local if with_docs else None, out=out, dest=dest, tail=tail)
+    assert out.tolist() == front + [-1] * 5
+    assert tail.tolist() == last + [-1] * 3
+
+
+@pytest.mark.parametrize("with_docs", [True, False])
+def test_read_runs_refuses_a_run_whose_bytes_changed_since_the_build(store_dir, with_docs):
+    store = TokenStore.open(store_dir)
+    rec = store.file_records[1]
+    doc = max(range(rec.num_documents), key=lambda d: int(store.lengths[store.file_document_starts[1] + d]))
+    starts, lengths = store.document_bounds(1, np.array([doc]))
+    layout = store.meta["files"][1]["buffers"]["values"][0]
+    path = store_dir / rec.name
+    data = bytearray(path.read_bytes())
+    data[layout + 2 * int(starts[0] + lengths[0] // 2)] ^= 0xFF
+    path.write_bytes(bytes(data))
+    fresh = TokenStore.open(store_dir)
+    with pytest.raises(StoreCorruptError, match=rf"{rec.name} changed since it was built"):
+        fresh.read_runs(np.array([1]), starts, starts + lengths, docs=np.array([doc]) if with_docs else None)

@@ -1,0 +1,406 @@
+"""Files on object storage (any fsspec URL) read through a node-local cache: :class:`RemoteFiles`.
+
+Why: at scale the training data sits in S3 / GCS / Azure, not on the node.
+:class:`RemoteFiles` is a :class:`~impl.files.FileAccess` over a remote
+root, so the token store reads it exactly as it reads a local directory:
+``map(name)`` downloads the object once per node into ``local`` (see
+:mod:`impl.cache` for the sharing, locking and eviction rules) and maps the
+cached copy. The option names are MosaicML Streaming's where the meaning is
+the same: ``remote``, ``local``, ``cache_limit`` (bytes or ``"10gb"``),
+``download_retry`` (retries after the first attempt), ``download_timeout``
+(seconds *without progress*), ``validate_hash``.
+
+What a download promises: the bytes land in a partial file of their own;
+the object's version (ETag, else size and mtime) is read before and after,
+and must equal the version this reader first saw (else
+:class:`~impl.errors.RemoteChangedError`: never mixed); the partial must hold
+exactly the object's size (and, with ``validate_hash``, its hash); only then
+is it renamed into place. Transient failures (HTTP 5xx, resets, a stall, a
+truncated body) are retried with backoff ``download_retry`` times, then
+:class:`~impl.errors.DownloadError` names the URL, the attempts and the
+cause. The token store's CRC tables then check every block or document on
+its first read, as they do locally.
+
+Credentials come from the environment or fsspec's configuration (or
+``storage_options``); no message, repr or state shows them: URLs are shown
+without user info or query string.
+
+Worked example::
+
+    files = RemoteFiles("s3://bucket/store", "/local_disk/cache", cache_limit="50gb")
+    store = TokenStore.open("s3://bucket/store", files=files)
+    # or, equivalently (also checks cache_limit against the store's files, and sets validate_hash's digests):
+    store = TokenStore.open("s3://bucket/store", local="/local_disk/cache", cache_limit="50gb")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit, urlunsplit
+
+from impl.cache import NodeCache, parse_bytes
+from impl.errors import CacheLimitError, ConfigError, DownloadError, RemoteChangedError, RemoteError
+from impl.files import FileStat
+
+__all__ = ["RemoteConfig", "RemoteFiles", "redact_url"]
+
+_CHUNK = 4 * 1024 * 1024
+_BACKOFF_S = 0.25
+_HASHES = ("md5", "sha256")
+_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@]*@)?([^\s?#'\"]*)(\?[^\s#'\"]*)?(#[^\s'\"]*)?")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without credentials: no user info, no query string or fragment (presigned signatures live there).
+
+    >>> redact_url("s3://KEY:SECRET@bucket/store?X-Amz-Signature=abc")
+    's3://bucket/store'
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if not parts.scheme:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def scrub(text: str) -> str:
+    """Every URL in ``text`` redacted (:func:`redact_url`): what error causes from client libraries pass through."""
+    return _URL.sub(lambda m: m.group(1) + m.group(3), text)
+
+
+def _version(info: Mapping[str, Any]) -> str:
+    """A remote object's version token: its ETag / generation / version id, else its size and modification time."""
+    for key in ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash"):
+        value = info.get(key)
+        if value:
+            return f"{key}:{str(value).strip(chr(34))}"
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if value is not None:
+            return f"size+{key}:{info.get('size')}:{value}"
+    return f"size:{info.get('size')}"
+
+
+class _Stalled(OSError):
+    """No byte arrived for ``download_timeout`` seconds (retried like a reset)."""
+
+
+class _Permanent(Exception):
+    """Wraps an error no retry can fix (missing object, no permission, the object changed)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteConfig:
+    """What :class:`RemoteFiles` needs to rebuild itself in another process (what a DataLoader worker receives).
+
+    ``storage_options`` go to ``fsspec.url_to_fs`` (endpoint, profile, ...);
+    they never appear in a message or a repr.
+    """
+
+    remote: str
+    local: str
+    cache_limit: int | None = None
+    download_retry: int = 2
+    download_timeout: float = 60.0
+    validate_hash: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class RemoteFiles:
+    """:class:`~impl.files.FileAccess` over ``remote`` (any fsspec URL), cached in ``local`` (one download per node).
+
+    ``cache_limit``: bytes (int) or a size such as ``"10gb"``; ``None``: no
+    limit. ``download_retry``: retries after the first attempt.
+    ``download_timeout``: seconds a download (or a wait on another process's
+    download) may go without progress. ``validate_hash``: ``None``, ``"md5"``
+    (the download must hash to the object's ETag / md5Hash; for a multipart
+    S3 upload, whose ETag is no MD5, refused) or ``"sha256"`` (against the
+    digests given to :meth:`expect_sha256`, e.g. a store's ``meta.json``
+    records). Pickles as its configuration: a DataLoader worker opens its own
+    filesystem and shares the node's cache.
+    """
+
+    def __init__(self, remote: str, local: str | os.PathLike[str], *, cache_limit: int | str | None = None,
+                 download_retry: int = 2, download_timeout: float = 60.0, validate_hash: str | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(remote, str) or not remote:
+            raise ConfigError(f"remote must be a URL string such as 's3://bucket/store', got {remote!r}")
+        if isinstance(download_retry, bool) or not isinstance(download_retry, int) or download_retry < 0:
+            raise ConfigError(f"download_retry must be an int >= 0 (retries after the first try), got {download_retry!r}")
+        if isinstance(download_timeout, bool) or not isinstance(download_timeout, (int, float)) or download_timeout <= 0:
+            raise ConfigError(f"download_timeout must be a positive number of seconds, got {download_timeout!r}")
+        if validate_hash is not None and validate_hash not in _HASHES:
+            raise ConfigError(f"validate_hash must be None or one of {', '.join(_HASHES)}, got {validate_hash!r}")
+        self._config = RemoteConfig(
+            remote=remote.rstrip("/"), local=os.path.abspath(os.fspath(local)),
+            cache_limit=parse_bytes(cache_limit), download_retry=download_retry,
+            download_timeout=float(download_timeout), validate_hash=validate_hash,
+            storage_options=dict(storage_options or {}))
+        self._setup()
+
+    def _setup(self) -> None:
+        import fsspec  # a core dependency; imported here so `import impl` stays light
+
+        c = self._config
+        options = dict(c.storage_options)
+        protocol = urlsplit(c.remote).scheme or "file"
+        if protocol in ("s3", "s3a") and "config_kwargs" not in options:
+            # One retry policy (download_retry) and one stall bound (download_timeout) instead of botocore's own.
+            options["config_kwargs"] = {"retries": {"total_max_attempts": 1}, "read_timeout": c.download_timeout,
+                                        "connect_timeout": c.download_timeout}
+        try:
+            self._fs, self._root = fsspec.core.url_to_fs(c.remote, **options)
+        except ImportError as exc:
+            extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}.get(protocol)
+            hint = f"pip install 'loadspec[{extra}]'" if extra else "install the fsspec implementation for it"
+            raise RemoteError(f"{redact_url(c.remote)}: no filesystem for {protocol}:// ({exc}); {hint}") from None
+        except ValueError as exc:
+            raise ConfigError(f"{redact_url(c.remote)}: no filesystem for {protocol}:// ({scrub(str(exc))}); use a "
+                              "protocol fsspec knows (s3://, gs://, az://, file://, ...)") from None
+        # A wait on another process of the node is bounded by what its download may take without progress.
+        wait_s = c.download_timeout * (c.download_retry + 1) + _BACKOFF_S * 2 ** c.download_retry + 1.0
+        self._cache = NodeCache(c.local, limit=c.cache_limit, wait_s=wait_s)
+        self._pins: dict[str, FileStat | None] = {}
+        self._sha256: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.downloads = 0   # completed by this object (tests and benchmarks count them)
+
+    # ------------------------------------------------------------------ pickling: the config, never the handles
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._config, dict(self._sha256)))
+
+    @property
+    def keep_mapped(self) -> int | None:
+        """How many files a store reading through this access keeps mapped: 2 under a ``cache_limit``, else all.
+
+        A mapped file is held in the node's cache (never evicted), so a
+        bounded cache needs readers that let go of the files they are done
+        with; two covers a read spanning a file boundary.
+        """
+        return None if self._config.cache_limit is None else 2
+
+    @property
+    def config(self) -> RemoteConfig:
+        return self._config
+
+    @property
+    def cache(self) -> NodeCache:
+        return self._cache
+
+    def __repr__(self) -> str:
+        c = self._config
+        return (f"RemoteFiles({redact_url(c.remote)!r}, {c.local!r}, cache_limit={c.cache_limit}, "
+                f"download_retry={c.download_retry}, download_timeout={c.download_timeout})")
+
+    # ------------------------------------------------------------------ FileAccess
+    def where(self, name: str) -> str:
+        return f"{redact_url(self._config.remote)}/{name}"
+
+    def _path(self, name: str) -> str:
+        return f"{self._root}/{name}" if self._root else name
+
+    def stat(self, name: str) -> FileStat | None:
+        """The object's size and version, read once per object and name and pinned from then on."""
+        with self._lock:
+            if name in self._pins:
+                return self._pins[name]
+        st = self._with_retries(name, "stat", lambda: self._stat_now(name))
+        with self._lock:
+            return self._pins.setdefault(name, st)
+
+    def _stat_now(self, name: str) -> FileStat | None:
+        path = self._path(name)
+        try:
+            self._fs.invalidate_cache(path)
+            info = self._fs.info(path)
+        except FileNotFoundError:
+            return None
+        except PermissionError as exc:
+            raise _Permanent(RemoteError(f"{self.where(name)}: permission denied ({scrub(str(exc))}); check the "
+                                         "credentials in the environment or storage_options")) from None
+        if info.get("type") == "directory":
+            return None
+        return FileStat(size=int(info["size"]), version=_version(info))
+
+    def map(self, name: str) -> mmap.mmap | bytes:
+        """The cached copy of ``name`` mapped read-only, downloaded first if this node has no current copy.
+
+        The mapping holds a shared lock on the copy for as long as it (or any
+        view of it) lives, so no process of the node evicts it meanwhile.
+        """
+        return self._cache.map_held(self._held(name))
+
+    def open(self, name: str) -> BinaryIO:
+        return self._cache.stream_held(self._held(name))
+
+    def check_room(self, token_files: Mapping[str, int], tables: tuple[str, ...] = ("meta.json", "blocks.crc32",
+                                                                                     "documents.crc32")) -> None:
+        """Refuse a ``cache_limit`` that cannot hold what one reader maps at once, naming the bytes it needs.
+
+        A store maps its ``tables`` for its lifetime and up to
+        :attr:`keep_mapped` token files (``token_files``: name -> size)
+        besides; ``TokenStore.open(url, local=...)`` calls this before any
+        token file is downloaded.
+        """
+        limit = self._config.cache_limit
+        if limit is None:
+            return
+        fixed = sum(st.size for name in tables if (st := self.stat(name)) is not None)
+        largest = sorted(token_files.values(), reverse=True)[: self.keep_mapped or 1]
+        needed = fixed + sum(largest)
+        if needed > limit:
+            raise CacheLimitError(
+                f"cache_limit is {limit} bytes but reading {redact_url(self._config.remote)} maps up to {needed} "
+                f"bytes at once ({', '.join(tables)}: {fixed} bytes, and its {len(largest)} largest token files): "
+                f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
+
+    def expect_sha256(self, digests: Mapping[str, str]) -> None:
+        """Record the sha256 each named file must have (checked when ``validate_hash="sha256"``)."""
+        self._sha256.update(digests)
+
+    def _held(self, name: str) -> int:
+        st = self.stat(name)
+        if st is None:
+            raise FileNotFoundError(f"{self.where(name)} does not exist")
+        for _ in range(100):
+            fd = self._cache.open_held(name, st.version, st.size)
+            if fd is not None:
+                return fd
+            self._fetch(name, st)
+        raise RemoteError(f"{self.where(name)}: its cached copy kept disappearing (evicted before it could be read); "
+                          "raise cache_limit")
+
+    def _fetch(self, name: str, st: FileStat) -> None:
+        """Download ``name`` into the cache unless another process of the node did while this one waited."""
+        cache = self._cache
+        with cache.download_lock(name) as lock_fd:
+            rec = cache.record(name)
+            if rec is not None and rec.version == st.version and rec.size == st.size:
+                try:
+                    if os.stat(cache.data_path(name)).st_ino == rec.inode:
+                        return
+                except FileNotFoundError:
+                    pass
+            partial = cache.reserve(name, st.size, self.where(name))
+            try:
+                cache.set_holder(lock_fd, partial)
+                self._with_retries(name, "download", lambda: self._download_once(name, st, partial))
+                cache.install(name, partial, st.version, st.size)
+                self.downloads += 1
+            finally:
+                cache.discard(partial)
+
+    def _with_retries(self, name: str, what: str, attempt: Any) -> Any:
+        tries = self._config.download_retry + 1
+        for i in range(1, tries + 1):
+            try:
+                return attempt()
+            except _Permanent as exc:
+                raise exc.error from None
+            except (RemoteError, ConfigError):
+                raise
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"{self.where(name)} does not exist ({scrub(str(exc))})") from None
+            except Exception as exc:  # noqa: BLE001 - transient: 5xx, resets, stalls, truncation, client errors
+                if i == tries:
+                    kind = "stalled" if isinstance(exc, _Stalled) else type(exc).__name__
+                    raise DownloadError(
+                        f"{self.where(name)}: {what} failed after {tries} attempt{'s' if tries > 1 else ''} "
+                        f"(download_retry={self._config.download_retry}); last cause: {kind}: "
+                        f"{scrub(str(exc)) or 'no message'}; retry later or raise download_retry") from None
+                time.sleep(_BACKOFF_S * 2 ** (i - 1))
+        raise AssertionError("unreachable")
+
+    def _download_once(self, name: str, st: FileStat, partial: str) -> None:
+        now = self._stat_now(name)
+        self._same_version(name, st, now)
+        c = self._config
+        digest = hashlib.new(c.validate_hash) if c.validate_hash else None
+        progress = [0, time.monotonic()]
+        box: list[BaseException | None] = []
+        cancelled = threading.Event()
+
+        def copy() -> None:
+            try:
+                with open(partial, "wb") as out, self._fs.open(self._path(name), "rb", block_size=_CHUNK,
+                                                               cache_type="none") as src:
+                    while not cancelled.is_set():
+                        chunk = src.read(_CHUNK)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        if digest is not None:
+                            digest.update(chunk)
+                        progress[0] += len(chunk)
+                        progress[1] = time.monotonic()
+                box.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which re-raises it
+                box.append(exc)
+
+        worker = threading.Thread(target=copy, name=f"loadspec-download-{name}", daemon=True)
+        worker.start()
+        while True:
+            worker.join(0.05)
+            if not worker.is_alive():
+                break
+            if time.monotonic() - progress[1] > c.download_timeout:
+                cancelled.set()
+                raise _Stalled(f"no byte for {c.download_timeout:g} s after {progress[0]} of {st.size} bytes "
+                               "(download_timeout)")
+        if box and box[0] is not None:
+            raise box[0]
+        got = os.stat(partial).st_size
+        if got != st.size:
+            raise OSError(f"the body was truncated: {got} of {st.size} bytes")
+        self._same_version(name, st, self._stat_now(name))
+        if digest is not None:
+            self._check_hash(name, st, digest.hexdigest())
+
+    def _same_version(self, name: str, pinned: FileStat, now: FileStat | None) -> None:
+        if now is None:
+            raise _Permanent(RemoteChangedError(
+                f"{self.where(name)} was removed since this reader first saw it; reopen the store"))
+        if now != pinned:
+            raise _Permanent(RemoteChangedError(
+                f"{self.where(name)} changed since this reader first saw it (version {pinned.version}, "
+                f"{pinned.size} bytes; now {now.version}, {now.size} bytes): it is not mixed with what was read; "
+                "reopen the store (and rebuild if the rewrite was not meant)"))
+
+    def _check_hash(self, name: str, st: FileStat, got: str) -> None:
+        algo = self._config.validate_hash
+        if algo == "md5":
+            want = st.version.split(":", 1)[1] if ":" in st.version else ""
+            if not re.fullmatch(r"[0-9a-f]{32}", want):
+                raise _Permanent(ConfigError(
+                    f"{self.where(name)}: validate_hash='md5' needs the object's ETag to be its MD5, but it is "
+                    f"{want!r} (a multipart upload?); use validate_hash='sha256' with a store, or None"))
+        else:
+            want = self._sha256.get(name, "")
+            if not want:
+                return   # no recorded digest for this file (meta.json, CRC tables): the store checks those itself
+        if got != want:
+            raise OSError(f"the body's {algo} is {got}, the object's is {want}")
+
+
+def _rebuild(config: RemoteConfig, sha256: dict[str, str]) -> RemoteFiles:
+    files = RemoteFiles.__new__(RemoteFiles)
+    files._config = config
+    files._setup()
+    files._sha256 = dict(sha256)
+    return files
+

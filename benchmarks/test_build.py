@@ -91,3 +91,49 @@ def test_build(benchmark, w: Build, corpus: Corpus, smoke: bool, tmp_path: Path)
     benchmark.extra_info.update(tokens=tokens())
     out.clear()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_build_vs_raw_encode(benchmark, num_proc: int, corpus: Corpus, smoke: bool, tmp_path: Path):
+    """Build tokens/s against the raw ``tokenizers`` rate on the same texts, in one run (``ratio`` in extra_info).
+
+    Raw: ``Tokenizer.encode_batch_fast`` (its own thread pool, all cores) over
+    the same documents in the build's batches of 1000, ``add_special_tokens=False``.
+    The build's tokens include one EOS per document, the raw count does not:
+    the ratio compares documents/s-weighted token rates on equal text.
+    """
+    import time
+
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+
+    from fixtures.generators import tokenizer_path
+    from impl.store import TokenStore
+
+    benchmark.group = "build-vs-raw"
+    files = sorted(corpus.text().glob("*.parquet"))
+    limit = SMOKE_DOCS if smoke else 20_000
+    texts = pq.read_table(files[0], columns=["text"]).column("text").to_pylist()[:limit]
+    tok = Tokenizer.from_file(str(tokenizer_path() / "tokenizer.json"))
+    start = time.perf_counter()
+    raw_tokens = sum(len(e.ids) for b in range(0, len(texts), 1000)
+                     for e in tok.encode_batch_fast(texts[b:b + 1000], add_special_tokens=False))
+    raw_s = time.perf_counter() - start
+    out: dict = {}
+
+    def setup():
+        return (Path(tempfile.mkdtemp(dir=tmp_path)) / "store",), {}
+
+    def target(dest):
+        started = time.perf_counter()
+        out["store"] = TokenStore.build(texts, str(tokenizer_path()), dest, num_proc=num_proc, progress=False)
+        out["s"] = time.perf_counter() - started
+
+    benchmark.pedantic(target, setup=setup, rounds=1, warmup_rounds=0)
+    build_tps = (out["store"].num_tokens - len(texts)) / out["s"]
+    raw_tps = raw_tokens / raw_s
+    benchmark.extra_info.update(kind="build-vs-raw", num_proc=num_proc, documents=len(texts), raw_tokens=raw_tokens,
+                                build_tokens_per_s=round(build_tps), raw_tokens_per_s=round(raw_tps),
+                                ratio=round(build_tps / raw_tps, 3))
+    out.clear()
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from impl.errors import LoadspecError
+from impl.errors import ConfigError, LoadspecError
 from reference.mixing import STOPPING_STRATEGIES
 
 
@@ -202,6 +202,30 @@ class _Samples:
 def cmd_build(args: argparse.Namespace) -> int:
     from impl.store import TokenStore
 
+    if args.commit:
+        from impl.build_tasks import commit_build
+
+        out = args.source if args.out is None else args.out
+        store = commit_build(out, tasks=args.tasks)
+        print(f"committed store {store.path}: {len(store)} documents, {store.num_tokens} tokens ({store.dtype}), "
+              f"fingerprint {store.fingerprint[:16]}")
+        return 0
+    if args.out is None or args.tokenizer is None:
+        raise ConfigError("loadspec build needs SOURCE OUT --tokenizer T (or --commit OUT)")
+    if args.task is not None or args.tasks is not None or args.task_from_env:
+        from impl.build_tasks import build_task
+
+        if args.task_from_env and (args.task is not None or args.tasks is not None):
+            raise ConfigError("pass either --task I --tasks N or --task-from-env, not both")
+        if not args.task_from_env and (args.task is None or args.tasks is None):
+            raise ConfigError("pass both --task I and --tasks N (or --task-from-env under torchrun / a Slurm array)")
+        result = build_task(args.source, args.tokenizer, args.out, task=args.task, tasks=args.tasks,
+                            text_field=args.text_field, add_bos=args.add_bos, add_eos=not args.no_eos,
+                            split=args.split, progress=True)
+        done = "already done (its fragment validates), skipped" if result.skipped else "done"
+        print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; when every task is done: "
+              f"loadspec build --commit {args.out}")
+        return 0
     store = TokenStore.build(args.source, args.tokenizer, args.out, text_field=args.text_field, num_proc=args.num_proc,
                              add_bos=args.add_bos, add_eos=not args.no_eos, split=args.split, overwrite=args.overwrite,
                              progress=True)
@@ -354,14 +378,21 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("build", help="tokenize a dataset into a token store (with a progress bar)")
     b.add_argument("source", help="files, a directory, a save_to_disk directory, or a load_dataset cache")
-    b.add_argument("out", type=Path)
-    b.add_argument("--tokenizer", required=True, help="a tokenizer directory or tokenizer.json")
+    b.add_argument("out", type=Path, nargs="?", default=None)
+    b.add_argument("--tokenizer", default=None, help="a tokenizer directory or tokenizer.json (required to tokenize)")
     b.add_argument("--text-field", default="text")
     b.add_argument("--split", default=None)
     b.add_argument("--num-proc", type=_int_at_least(1), default=None)
     b.add_argument("--add-bos", action="store_true")
     b.add_argument("--no-eos", action="store_true")
     b.add_argument("--overwrite", action="store_true")
+    b.add_argument("--task", type=_int_at_least(0), default=None, help="this task's index (with --tasks)")
+    b.add_argument("--tasks", type=_int_at_least(1), default=None,
+                   help="tokenize only task --task of this many into OUT's staging area (then --commit)")
+    b.add_argument("--task-from-env", action="store_true",
+                   help="take --task/--tasks from torchrun (RANK, WORLD_SIZE) or a Slurm array")
+    b.add_argument("--commit", action="store_true",
+                   help="validate the tasks' fragments and publish the store at OUT (loadspec build --commit OUT)")
     b.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("preview", help="decode the first samples, marking document boundaries and masked labels")

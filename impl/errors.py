@@ -31,6 +31,8 @@ from reference.errors import (
 
 __all__ = [
     "REBUILD_HINT",
+    "BuildCommitError",
+    "BuildTaskError",
     "CacheLimitError",
     "CacheWaitError",
     "ConfigError",
@@ -120,6 +122,15 @@ class LockTimeoutError(StoreError, TimeoutError):
 
 class UnsafeOutputError(StoreError):
     """The output path would destroy or mix with something loadspec did not create (a user directory, the source)."""
+
+
+class BuildCommitError(StoreError):
+    """A multi-task build cannot be committed: a fragment is missing, corrupt or from another source, or another
+    committer already published the store; the message names the task or file and the fix."""
+
+
+class BuildTaskError(StoreError):
+    """A task of a multi-task build failed writing its files (full disk, read-only output); names the path."""
 
 
 class UnguardedMainError(ConfigError):

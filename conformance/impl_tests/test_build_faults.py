@@ -38,7 +38,7 @@ TOKENIZER = word_tokenizer()  # built once, at import, so forked children start 
 def _build_until_killed(out: str, overwrite: bool, kill_at: int | None, count_file: str) -> None:
     """Child: build NEW_DOCS at ``out``, SIGKILLing itself at event ``kill_at`` (None: count the events)."""
     import impl._atomic as atomic
-    from impl import build
+    from impl import build_files, build_publish
 
     events = [0]
 
@@ -58,9 +58,9 @@ def _build_until_killed(out: str, overwrite: bool, kill_at: int | None, count_fi
 
         setattr(owner, name, wrapped)
 
-    for name in ("_write_token_file", "atomic_write_json", "exchange_dirs", "fsync_dir", "_remove_own_dir",
-                 "_remove_stale_temp_dirs"):
-        wrap(build, name)
+    wrap(build_files, "write_token_file")
+    for name in ("atomic_write_json", "exchange_dirs", "fsync_dir", "_remove_own_dir", "_remove_stale_temp_dirs"):
+        wrap(build_publish, name)
     wrap(atomic, "fsync_dir")
     for name in ("rename", "replace", "unlink", "rmdir", "mkdir"):
         wrap(os, name)
@@ -71,7 +71,7 @@ def _build_until_killed(out: str, overwrite: bool, kill_at: int | None, count_fi
 @pytest.fixture(scope="module")
 def forkserver():
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["impl.build", "conformance.impl_tests.test_store", __name__])
+    ctx.set_forkserver_preload(["impl.build", "impl.build_publish", "conformance.impl_tests.test_store", __name__])
     return ctx
 
 

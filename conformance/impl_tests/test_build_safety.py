@@ -199,9 +199,9 @@ def test_a_top_level_build_without_a_main_guard_fails_at_once_naming_the_guard(t
 def _slow_worker_init(*args):
     import os
 
-    from impl import build
+    from impl import build_pool
 
-    build._worker_init(*args)
+    build_pool._worker_init(*args)
     Path(os.environ["LOADSPEC_TEST_PIDS"], str(os.getpid())).write_text("")
 
 
@@ -214,11 +214,11 @@ def _hanging_worker_write(path, texts):
 def _parent_of_hanging_workers(source_docs, tok_dir, out, pid_dir):
     import os
 
-    from impl import build
+    from impl import build_pool
 
     os.environ["LOADSPEC_TEST_PIDS"] = pid_dir
-    build._worker_init = _slow_worker_init
-    build._worker_write = _hanging_worker_write
+    build_pool._worker_init = _slow_worker_init
+    build_pool._worker_write = _hanging_worker_write
     TokenStore.build(source_docs, tok_dir, out, num_proc=2, docs_per_file=2, progress=False)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from impl import build as build_module
+from impl import build_files as build_module
 from impl.errors import StoreCorruptError, StoreError, StoreNotFoundError, StoreVersionError
 from impl.store import FORMAT_VERSION, QUICK_SIGNATURE_BYTES, TokenStore
 

@@ -25,7 +25,7 @@ from conformance import strategies as ls
 from conformance.assertions import assert_equal, check
 from conformance.impl_tests.test_dataset import make_store
 from conformance.impl_tests.test_store_integrity import _as_format_3
-from impl import build as build_module
+from impl import build_files as build_module
 from impl import store as store_module
 from impl.dataset import PackedDataset
 from impl.errors import StoreCorruptError

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from impl import build as build_module
+from impl import build_files as build_module
 from impl import integrity as integrity_module
 from impl import store as store_module
 from impl.errors import StoreCorruptError, StoreError

@@ -1,0 +1,161 @@
+"""A store's token files and the meta that lists them: encode a range of documents, write it, describe it.
+
+Why apart from :mod:`impl.build`: every way of building a store (in this
+process, in spawned workers, in tasks of a multi-machine build) writes the
+same files the same way, and the meta is a pure function of their records,
+so two builds that cut the same documents into the same files publish the
+same bytes and the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from impl.encoding import Encoder, TokenizerInfo
+from impl.store_format import (
+    BLOCK_BYTES,
+    COLUMN,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    QUICK_SIGNATURE_BYTES,
+    FileRecord,
+    arrow_buffer_layout,
+    arrow_type,
+    content_fingerprint,
+    hash_documents,
+    hash_file_blocks,
+    quick_signature,
+)
+
+__all__ = ["file_record", "make_meta", "meta_with_files", "write_encoded", "write_token_file"]
+
+
+# --------------------------------------------------------------------------- token files
+
+
+def write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> None:
+    arr = pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), pa.array(values))
+    schema = pa.schema(
+        [pa.field(COLUMN, arr.type, nullable=False)],
+        metadata={"loadspec.format": FORMAT_NAME, "loadspec.format_version": str(FORMAT_VERSION)},
+    )
+    batch = pa.record_batch([arr], schema=schema)
+    try:
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(batch)
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:  # arrow's errors name no file: add it
+            raise OSError(exc.errno, os.strerror(exc.errno), path) from exc
+        raise
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- build workers
+
+
+def write_encoded(enc: Encoder, path: str, texts: Sequence[str],
+                   on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Tokenize one contiguous range of documents and write it as one token file; return its record.
+
+    This is a worker's whole unit of work (``_worker_write``): workers write
+    and hash finished files, so only the small record travels back to the
+    parent, never the tokens.
+    """
+    values, offsets, num_empty = enc.encode(texts, on_batch)
+    write_token_file(path, values, offsets)
+    return file_record(path, offsets, num_empty)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+
+def _version_of(module: str) -> str | None:
+    mod = sys.modules.get(module)
+    return getattr(mod, "__version__", None)
+
+
+def file_record(path: str, offsets: np.ndarray, num_empty: int) -> dict[str, Any]:
+    """The file's record: counts, size, sha256, quick signature, a CRC-32 per block and the Arrow buffer layout."""
+    size = os.path.getsize(path)
+    sha256, block_crc32 = hash_file_blocks(path, BLOCK_BYTES)
+    buffers = arrow_buffer_layout(path)
+    num_tokens = int(offsets[-1])
+    itemsize = buffers["values"][1] // num_tokens if num_tokens else 1
+    document_crc32 = hash_documents(path, buffers["values"][0], offsets, itemsize)
+    record = FileRecord(
+        name=os.path.basename(path),
+        num_documents=len(offsets) - 1,
+        num_tokens=int(offsets[-1]),
+        num_empty_documents=num_empty,
+        size=size,
+        sha256=sha256,
+        quick_signature=quick_signature(path, size),
+        block_crc32=block_crc32,
+        buffers=buffers,
+    ).to_json()
+    record["document_crc32"] = document_crc32
+    return record
+
+
+def make_meta(records: list[dict[str, Any]], *, dtype: str, tinfo: TokenizerInfo, options: dict[str, Any],
+               add_bos: bool, add_eos: bool, source: dict[str, Any], build_key: str | None) -> dict[str, Any]:
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype,
+        "num_documents": sum(r["num_documents"] for r in records),
+        "num_tokens": sum(r["num_tokens"] for r in records),
+        "num_empty_documents": sum(r["num_empty_documents"] for r in records),
+        "files": records,
+        "fingerprint": content_fingerprint([r["sha256"] for r in records], dtype, tinfo.sha256, add_bos, add_eos),
+        "tokenizer": tinfo.to_json(),
+        "options": options,
+        "source": source,
+        "build_key": build_key,
+        "build_id": uuid.uuid4().hex,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(),
+        "layout": {
+            "file_format": "arrow-ipc-file",
+            "column": COLUMN,
+            "type": str(arrow_type(np.dtype(dtype))),
+            "quick_signature_bytes": QUICK_SIGNATURE_BYTES,
+            "block_bytes": BLOCK_BYTES,
+            "block_checksum": "crc32",
+        },
+        "versions": {"pyarrow": pa.__version__, "numpy": np.__version__, "tokenizers": _version_of("tokenizers")},
+    }
+
+
+
+def meta_with_files(template: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``template`` (a :func:`make_meta` result) describing ``records`` instead: counts, files and fingerprint.
+
+    Why: a multi-task build's tasks each know the build's dtype, tokenizer and
+    options but only their own files; the committer fills in the rest, with
+    the same rule as :func:`make_meta`, so the fingerprint equals a local build's.
+    """
+    options = template["options"]
+    return {
+        **template,
+        "num_documents": sum(r["num_documents"] for r in records),
+        "num_tokens": sum(r["num_tokens"] for r in records),
+        "num_empty_documents": sum(r["num_empty_documents"] for r in records),
+        "files": records,
+        "fingerprint": content_fingerprint([r["sha256"] for r in records], template["dtype"],
+                                           template["tokenizer"]["sha256"], options["add_bos"], options["add_eos"]),
+        "build_id": uuid.uuid4().hex,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(),
+    }

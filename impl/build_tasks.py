@@ -1,0 +1,269 @@
+"""A build split into N tasks (torchrun, a Slurm array, or by hand) and a commit that publishes their files.
+
+Why: a corpus too large for one machine is tokenized by tasks an existing
+engine starts; no server of loadspec's own coordinates them. The published
+store is byte-identical (token files, CRC tables, fingerprint) for every
+task count and to a local :func:`impl.build.build_store` of the same source,
+because tasks cut the document stream exactly as the local build does:
+store file ``f`` holds documents ``[f * docs_per_file, (f + 1) * docs_per_file)``
+and is written, whole, by task ``f % N``. A task reads the source's
+documents in order and tokenizes only the files it owns (reading is cheap
+next to tokenizing), so no file is split between tasks and nothing is
+copied at commit.
+
+Layout: each task writes ``<out>/.loadspec-staging/tokens-NNNNN.arrow`` for
+its files and then, atomically, its fragment
+``task-IIIII-of-NNNNN.json`` (the build key, the records with sizes, sha256
+and CRCs, the number of files of the whole source). :func:`commit_build`
+(under the ``<out>.lock`` lock) validates every fragment, renames the token
+files into ``<out>``, writes the CRC tables and publishes ``meta.json`` last
+and atomically: its existence is the commit point.
+
+Worked example (7 documents, ``docs_per_file=2``, 2 tasks): files 0..3 hold
+documents [0,2) [2,4) [4,6) [6,7); task 0 writes files 0 and 2, task 1
+writes 1 and 3; the commit renames the four files into place; a build with
+3 tasks or a local build writes the same four files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
+from impl.build import prepare_build
+from impl.build_files import meta_with_files, write_encoded
+from impl.build_progress import progress_bar
+from impl.build_publish import LOCK_TIMEOUT_S, check_output_path, source_paths, with_block_table
+from impl.encoding import Encoder
+from impl.errors import BuildCommitError, BuildTaskError, ConfigError, StoreError
+from impl.sources import rechunk
+from impl.store_format import FILE_TEMPLATE, META_FILE, hash_file_blocks
+
+if TYPE_CHECKING:
+    from impl.store import TokenStore
+
+__all__ = ["FRAGMENT_FORMAT", "STAGING_DIR", "TaskResult", "build_task", "commit_build", "task_from_env"]
+
+STAGING_DIR = ".loadspec-staging"
+"""Where tasks write their token files and fragments, inside the output directory."""
+
+FRAGMENT_FORMAT = "loadspec.build_fragment"
+_FRAGMENT_VERSION = 1
+_FRAGMENT = re.compile(r"^task-(\d{5,})-of-(\d{5,})\.json$")
+_TIMES = ("build_id", "created")
+
+
+def fragment_name(task: int, tasks: int) -> str:
+    """``task-00002-of-00007.json``: the fragment of task 2 of 7."""
+    return f"task-{task:05d}-of-{tasks:05d}.json"
+
+
+def task_from_env(task: int | None = None, tasks: int | None = None,
+                  environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(task, tasks)``: given explicitly, else torchrun's ``RANK``/``WORLD_SIZE``, else a Slurm array's ids.
+
+    A Slurm array's ids need not start at 0 (``--array=1-7``): the task is
+    ``SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN``.
+
+    >>> task_from_env(environ={"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "7"})
+    (2, 7)
+    """
+    env = os.environ if environ is None else environ
+    if task is None and tasks is None:
+        if "RANK" in env and "WORLD_SIZE" in env:
+            task, tasks = int(env["RANK"]), int(env["WORLD_SIZE"])
+        elif "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
+            task = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+            tasks = int(env["SLURM_ARRAY_TASK_COUNT"])
+    if task is None or tasks is None:
+        raise ConfigError(
+            "which task is this? pass task= and tasks= (--task I --tasks N), or run under torchrun (RANK, "
+            "WORLD_SIZE) or a Slurm array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT)")
+    if isinstance(tasks, bool) or tasks < 1 or isinstance(task, bool) or not 0 <= task < tasks:
+        raise ConfigError(f"task={task!r} of tasks={tasks!r}: need tasks >= 1 and 0 <= task < tasks")
+    return task, tasks
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskResult:
+    """What one task did: ``skipped`` when its fragment already validated (a relaunch), ``files`` it owns."""
+
+    task: int
+    tasks: int
+    skipped: bool
+    files: tuple[int, ...]
+
+
+def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, task: int | None = None,
+               tasks: int | None = None, text_field: str = "text", add_bos: bool = False, add_eos: bool = True,
+               batch_size: int = 1000, docs_per_file: int | None = None, split: str | None = None,
+               progress: bool = False) -> TaskResult:
+    """Tokenize this task's files of ``source`` into ``out_dir``'s staging area and write its fragment.
+
+    Arguments as :func:`impl.build.build_store`; ``task``/``tasks`` as
+    :func:`task_from_env`. A fragment already there that validates (same
+    build key, files intact) is kept and the task returns ``skipped=True``.
+    A write that fails (full disk) raises :class:`BuildTaskError` naming the
+    path; other tasks' fragments stay valid.
+    """
+    index, count = task_from_env(task, tasks)
+    check_output_path(out_dir, source_paths(source))
+    plan = prepare_build(source, tokenizer, text_field=text_field, add_bos=add_bos, add_eos=add_eos,
+                         batch_size=batch_size, docs_per_file=docs_per_file, split=split)
+    if plan.build_key is None:
+        raise ConfigError(f"a multi-task build needs a source it can fingerprint (a path or a datasets.Dataset), "
+                          f"not {plan.src.describe()}: pass files, or build locally with TokenStore.build")
+    out = Path(os.path.abspath(os.fspath(out_dir)))
+    staging = out / STAGING_DIR
+    fragment = staging / fragment_name(index, count)
+    if (out / META_FILE).exists():
+        raise BuildCommitError(f"{out} is already a committed store: open it with TokenStore.open, or build into "
+                               "another out_dir")
+    with contextlib.suppress(BuildCommitError):
+        done = _validated(fragment, staging, out, plan.build_key)
+        return TaskResult(task=index, tasks=count, skipped=True, files=tuple(f for f, _ in done))
+    opts = plan.options
+    enc = Encoder(plan.tok_json, dtype=plan.dtype, bos_id=plan.tinfo.bos_id if opts.add_bos else None,
+                  eos_id=plan.tinfo.eos_id if opts.add_eos else None, batch_size=opts.batch_size)
+    files: list[dict[str, Any]] = []
+    num_files = 0
+    bar = progress_bar(progress, None)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
+            num_files += 1
+            if f % count != index:
+                continue
+            files.append({"index": f, "record": write_encoded(enc, str(staging / FILE_TEMPLATE.format(f)), texts)})
+            bar.update(len(texts))
+        if num_files == 0:
+            raise plan.empty_error()
+        atomic_write_json(fragment, {
+            "format": FRAGMENT_FORMAT, "version": _FRAGMENT_VERSION, "task": index, "tasks": count,
+            "build_key": plan.build_key, "num_files": num_files, "files": files,
+            "template": {k: v for k, v in plan.meta([]).items() if k not in _TIMES},
+        }, indent=None)
+    except OSError as exc:
+        where = exc.filename or staging
+        raise BuildTaskError(
+            f"task {index} of {count} failed writing {os.fspath(where)!r}: {exc.strerror or exc} (errno "
+            f"{exc.errno}); its fragment was not written, other tasks' fragments are untouched: free space (or fix "
+            "the cause) and relaunch this task"
+        ) from exc
+    finally:
+        bar.close()
+    return TaskResult(task=index, tasks=count, skipped=False, files=tuple(f["index"] for f in files))
+
+
+def _read_fragment(path: Path) -> dict[str, Any]:
+    try:
+        frag = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BuildCommitError(f"fragment {path} cannot be read ({exc}): relaunch its task") from exc
+    if not isinstance(frag, dict) or frag.get("format") != FRAGMENT_FORMAT or frag.get("version") != _FRAGMENT_VERSION:
+        raise BuildCommitError(f"{path} is not a loadspec build fragment (version {_FRAGMENT_VERSION}): relaunch its "
+                               "task")
+    return frag
+
+
+def _validated(path: Path, staging: Path, out: Path, build_key: str | None) -> list[tuple[int, dict[str, Any]]]:
+    """The fragment's ``(file index, record)`` pairs once every file's size and CRCs check; else BuildCommitError.
+
+    A file is looked for in the staging area, then in ``out`` (a commit that
+    was interrupted after renaming it).
+    """
+    frag = _read_fragment(path)
+    if build_key is not None and frag.get("build_key") != build_key:
+        raise BuildCommitError(f"fragment {path} was built from another source, tokenizer or options")
+    block = int(frag["template"]["layout"]["block_bytes"])
+    pairs = []
+    for entry in frag["files"]:
+        rec = entry["record"]
+        name = rec["name"]
+        where = staging / name if (staging / name).exists() else out / name
+        try:
+            size = where.stat().st_size
+        except OSError:
+            raise BuildCommitError(
+                f"fragment {path.name}: token file {name} is missing: relaunch task {frag['task']}") from None
+        sha256, crcs = hash_file_blocks(str(where), block) if size == rec["size"] else (None, None)
+        if size != rec["size"] or sha256 != rec["sha256"] or crcs != rec["block_crc32"]:
+            raise BuildCommitError(
+                f"fragment {path.name}: token file {where} does not match its record (size {size}, expected "
+                f"{rec['size']}, or its CRCs differ): it changed after task {frag['task']} wrote it; relaunch that "
+                "task (delete the fragment first)")
+        pairs.append((int(entry["index"]), rec))
+    return pairs
+
+
+def commit_build(out_dir: str | os.PathLike[str], *, tasks: int | None = None) -> TokenStore:
+    """Validate every task's fragment, rename the token files into ``out_dir`` and publish ``meta.json`` last.
+
+    Under the ``<out_dir>.lock`` lock: a second committer waits, then finds
+    ``meta.json`` and raises :class:`BuildCommitError` saying the store was
+    already committed. Refused, naming the task or file: a missing
+    fragment, a token file whose size or CRCs changed, fragments built from
+    different sources (a source file changed between tasks) or options.
+    """
+    out = Path(os.path.abspath(os.fspath(out_dir)))
+    staging = out / STAGING_DIR
+    timeout = float(os.environ.get("LOADSPEC_LOCK_TIMEOUT_S", str(LOCK_TIMEOUT_S)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock_path_for(out), timeout=timeout):
+        if (out / META_FILE).exists():
+            raise BuildCommitError(f"{out} was already committed by another committer: open it with "
+                                   "TokenStore.open (nothing to do)")
+        found = {}
+        if staging.is_dir():
+            for p in staging.iterdir():
+                m = _FRAGMENT.match(p.name)
+                if m:
+                    found[(int(m.group(1)), int(m.group(2)))] = p
+        counts = {n for _, n in found} if tasks is None else {tasks}
+        if len(counts) != 1:
+            raise BuildCommitError(
+                f"{staging} holds fragments of builds with different task counts {sorted(counts)} (or none): "
+                "pass tasks= (--tasks N) to commit the one you ran")
+        (count,) = counts
+        missing = [i for i in range(count) if (i, count) not in found]
+        if missing:
+            raise BuildCommitError(f"tasks {missing} of {count} have no fragment in {staging}: run (or relaunch) them, "
+                                   "then commit again")
+        frags = [_read_fragment(found[(i, count)]) for i in range(count)]
+        keys = {f["build_key"] for f in frags}
+        if len(keys) > 1:
+            groups = {k: [f["task"] for f in frags if f["build_key"] == k] for k in keys}
+            raise BuildCommitError(
+                f"the tasks read different sources or options (the source changed between tasks?): tasks "
+                f"{sorted(groups.values())} have different build keys; relaunch them all on the unchanged source")
+        records: dict[int, dict[str, Any]] = {}
+        for i in range(count):
+            records.update(_validated(found[(i, count)], staging, out, None))
+        num_files = {f["num_files"] for f in frags}
+        if len(num_files) != 1 or sorted(records) != list(range(num_files.pop())):
+            raise BuildCommitError(f"the fragments in {staging} do not cover the source's files exactly: relaunch "
+                                   "every task")
+        try:
+            for f in sorted(records):
+                name = records[f]["name"]
+                if (staging / name).exists():
+                    os.rename(staging / name, out / name)
+            meta = meta_with_files(frags[0]["template"], [records[f] for f in sorted(records)])
+            with_block_table(out, meta)
+            atomic_write_json(out / META_FILE, meta)
+            fsync_dir(out)
+        except OSError as exc:
+            raise StoreError(f"committing {out} failed at {exc.filename or out!r}: {exc.strerror or exc}; fix the "
+                             "cause and commit again (the fragments are kept)") from exc
+        shutil.rmtree(staging, ignore_errors=True)
+    from impl.store import TokenStore
+
+    return TokenStore.open(out)

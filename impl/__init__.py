@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from impl.splits import SplitStore, select, slice_store, split_store
     from impl.store import BuildOptions, TokenStore
     from impl.streams import StreamConfig
+    from impl.streaming import StreamingDataset, merge_states
 
 _MODULE_OF = {
     "BufferSortedDataset": "impl.bucketing",
@@ -107,6 +108,8 @@ _MODULE_OF = {
     "slice_store": "impl.splits",
     "split_store": "impl.splits",
     "token_pooling_mask_from_attention_mask": "impl.collation",
+    "StreamingDataset": "impl.streaming",
+    "merge_states": "impl.streaming",
 }
 
 
@@ -139,6 +142,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreVersionError",
     "StreamConfig",
+    "StreamingDataset",
     "TokenPoolingType",
     "TokenStore",
     "TokenizerError",
@@ -152,6 +156,7 @@ __all__ = [
     "cu_seqlens",
     "distributed_topology",
     "interleave_datasets",
+    "merge_states",
     "pad_stack_1d",
     "select",
     "shard_dataset_data_parallel",

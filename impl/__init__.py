@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
     from impl.splits import SplitStore, select, slice_store, split_store
     from impl.store import BuildOptions, TokenStore
-    from impl.streams import StreamConfig
     from impl.streaming import StreamingDataset, merge_states
+    from impl.streams import StreamConfig
 
 _MODULE_OF = {
     "BufferSortedDataset": "impl.bucketing",

@@ -1,4 +1,4 @@
-"""StreamingLoader: a streaming dataset's batches handed to the training loop in step order, with the exact state.
+"""StreamingLoader: a streaming dataset's batches handed to the training loop in STREAM-11 order, with the exact state.
 
 Conforms to STREAM-11 .. STREAM-15 (the order and state rules are the
 dataset's, ``impl.streaming``); built by :func:`impl.loader.build_dataloader`
@@ -6,7 +6,7 @@ when its dataset is a :class:`~impl.streaming.StreamingDataset`.
 
 Why a loader of its own: torch's DataLoader takes batches from its workers
 round-robin and ahead of the training loop. Each streaming batch carries its
-step number and its lanes' snapshots; this loader hands batches out in step
+worker and its lanes' snapshots, and each worker ends with a marker; this loader hands batches out in
 order (holding a worker's batch that arrived early) and applies a batch's
 snapshots when it hands the batch out, so ``state_dict()`` never counts a
 prefetched batch (as RES-6).
@@ -18,6 +18,7 @@ torch.Size([8, 2048])
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
@@ -81,25 +82,33 @@ class StreamingLoader:
         return self._live
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
+        """Batches in STREAM-11's order: the worker whose lanes consumed the fewest samples, among those not done."""
         ds, epoch = self.dataset, self.dataset.epoch
+        ds._markers = True
         loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
                             multiprocessing_context=self._context, **self._kwargs)
-        held: dict[int, tuple[Any, dict[str, Any]]] = {}
-        want, steps = 0, 0
+        lanes = ds.worker_lanes(self.num_workers)
+        queues: dict[int, collections.deque[tuple[Any, dict[str, Any]]]] = {k: collections.deque() for k in
+                                                                             range(len(lanes))}
+        done: set[int] = set()
         iterator = iter(loader)
         try:
-            for batch in iterator:
-                meta = batch.pop(STATE_KEY)
-                steps = meta[2]
-                held[meta[1]] = (meta, batch)
-                while want in held:
-                    meta, out = held.pop(want)
-                    ds.apply(meta)
-                    want += 1
-                    yield out
+            while len(done) < len(lanes):
+                k = min((k for k in range(len(lanes)) if k not in done),
+                        key=lambda k: (sum(ds.lanes[lane][6] for lane in lanes[k]), k))
+                while not queues[k]:
+                    batch = next(iterator)
+                    meta = batch.pop(STATE_KEY)
+                    queues[meta[1]].append((meta, batch))
+                meta, out = queues[k].popleft()
+                if meta[2] is None:
+                    done.add(k)
+                    continue
+                ds.apply(meta)
+                yield out
         finally:
             del iterator
-        if want == steps and ds.epoch == epoch:
+        if ds.epoch == epoch:
             ds.set_epoch(epoch + 1)
 
     def __repr__(self) -> str:

@@ -9,11 +9,11 @@ sample, and ``state_dict()`` is the reference's JSON (STREAM-13).
 Why batches come out of the dataset: STREAM-11 makes a batch the samples of
 *one* worker's lanes, so a worker must compose whole batches; the dataset is
 a torch ``IterableDataset`` of batches (use ``batch_size=None`` with torch's
-own ``DataLoader``). Each batch carries, under ``STATE_KEY``, its step
-number and the post-batch snapshots of the lanes it drew from: the process
+own ``DataLoader``). Each batch carries, under ``STATE_KEY``, its worker
+and the post-batch snapshots of the lanes it drew from: the process
 that hands a batch to the training loop applies them, so the state counts
 consumed batches, never prefetched ones. :func:`impl.loader.build_dataloader`
-does that (and puts workers' batches back in step order); without workers,
+does that (and puts workers' batches in STREAM-11's order); without workers,
 iterating the dataset applies them itself.
 
 Why the tokenizer is loaded lazily: the dataset holds the tokenizer's JSON
@@ -23,10 +23,12 @@ tokenizer's thread pool. Rows are encoded a unit at a time
 (``encode_batch_fast``, ``add_special_tokens=False``); BOS / EOS are added by
 the packing config (PACK-1).
 
-Why every worker counts every lane: equal-step truncation (STREAM-12) needs
-each rank's full batches, so a worker computes every lane's remaining
-samples from the token lengths of the rows still ahead; the lengths are
-computed once per (index, tokenizer) and cached under ``index_dir``.
+Why several ranks count every lane: equal-step truncation (STREAM-12) needs
+each rank's full batches, so with ``world_size > 1`` a worker computes every
+lane's remaining samples from the token lengths of the rows still ahead
+(tokenizing the whole source once per (index, tokenizer); the lengths are
+cached under ``index_dir``). One rank keeps every full batch, so it streams
+with no such pass.
 
 Worked example (a training loop that checkpoints, resumed on another world size)::
 
@@ -84,8 +86,28 @@ from reference.streaming import (
 __all__ = ["STATE_KEY", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
 STATE_KEY = "_loadspec_stream"
-"""The batch entry ``(epoch, step, steps, ((lane, snapshot), ...))`` the handing-out process applies."""
+"""The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
 _MODES = ("concat", "chunk")
+
+
+_Batch = tuple[list[tuple[int, int, dict[str, np.ndarray]]], tuple[tuple[int, LaneSnapshot], ...]]
+_RESOLVED: dict[Any, Any] = {}
+
+
+def _resolve(spec: Any) -> Any:
+    """``impl.encoding.resolve_tokenizer``, remembered for a path whose files are unchanged (it costs ~1 s a call)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return resolve_tokenizer(spec)
+    path = os.path.abspath(os.fspath(spec))
+    try:
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
+        key = (path, tuple((n, os.stat(os.path.join(path, n) if n else path).st_mtime_ns) for n in names))
+    except OSError:
+        return resolve_tokenizer(spec)
+    if key not in _RESOLVED:
+        _RESOLVED.clear()
+        _RESOLVED[key] = resolve_tokenizer(spec)
+    return _RESOLVED[key]
 
 
 class _Tokens:
@@ -166,7 +188,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                 "beyond one lane: build a TokenStore and use PackedDataset)")
         require(is_int(batch_size) and batch_size >= 1, ConfigError, f"batch_size={batch_size!r} must be >= 1")
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
-        self._tok_json, info = resolve_tokenizer(tokenizer)
+        self._tok_json, info = _resolve(tokenizer)
         for name, wanted, ident in (("add_bos", add_bos, info.bos_id), ("add_eos", add_eos, info.eos_id)):
             require(not wanted or ident is not None, TokenizerError,
                     f"{name}=True but the tokenizer defines no {name[4:]} token; set {name}=False or use a tokenizer "
@@ -192,6 +214,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         self.epoch = int(epoch)
         self.lanes: dict[int, LaneSnapshot] = {lane: FRESH for lane in range(num_lanes)}
         self._lengths: np.ndarray | None = None
+        self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
 
     # ------------------------------------------------------------ topology
 
@@ -276,45 +299,87 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         if info is None:
             return self._run_in_process()
-        return self._batches(info.num_workers, info.id)
+        return self._batches(info.num_workers, info.id, markers=self._markers)
 
     def _run_in_process(self) -> Iterator[dict[str, Any]]:
         epoch = self.epoch
-        for batch in self._batches(0, 0):
-            self.apply(batch.pop(STATE_KEY))
+        for batch in self._batches(0, 0, markers=True):
+            meta = batch.pop(STATE_KEY)
+            if meta[2] is None:     # the pass's end marker
+                break
+            self.apply(meta)
             yield batch
         if self.epoch == epoch:
             self.set_epoch(epoch + 1)
 
-    def _batches(self, num_workers: int, worker: int) -> Iterator[dict[str, Any]]:
-        """Worker ``worker``'s batches of this pass, each tagged with its step and its lanes' snapshots."""
+    def _lazy(self, tokens: _Tokens, lanes: list[int]) -> Iterator[_Batch]:
+        """One rank alone: a worker's batches, no census (STREAM-11, STREAM-12 with W = 1).
+
+        With one rank, equal-step truncation keeps every full batch of every
+        worker, so a worker fills batches until its lanes hold fewer than B
+        samples; a lane leaves the rotation when it yields none (its cursor is
+        then spent, and no batch carries its snapshot).
+        """
+        epoch, p, B = self.epoch, self.config.packing, self.batch_size
+        cursors = {lane: LaneCursor(lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane),
+                                    self.config.shuffle_buffer_size, self.lanes[lane]) for lane in lanes}
+        alive = set(lanes)
+        while True:
+            rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
+            while len(rows) < B and alive:
+                lane = min(alive, key=lambda lane: (cursors[lane].samples, lane))
+                index = cursors[lane].samples
+                sample = cursors[lane].next_sample(tokens, p)
+                if sample is None:
+                    alive.discard(lane)
+                else:
+                    rows.append((lane, index, sample))
+            if len(rows) < B:
+                return
+            yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted({r[0] for r in rows}))
+
+    def _scheduled(self, tokens: _Tokens, num_workers: int,
+                   worker: int) -> Iterator[_Batch]:
+        """Several ranks: the worker's batches among the census's equal steps (STREAM-11, STREAM-12)."""
+        _steps, cursors, plan = self._plan(tokens, num_workers)
+        for k, lanes in plan:
+            if k == worker:
+                rows = []
+                for lane in lanes:
+                    index = cursors[lane].samples
+                    sample = cursors[lane].next_sample(tokens, self.config.packing)
+                    assert sample is not None, "the census counted a sample the lane does not hold"
+                    rows.append((lane, index, sample))
+                yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted(set(lanes)))
+
+    def _batches(self, num_workers: int, worker: int, *, markers: bool) -> Iterator[dict[str, Any]]:
+        """Worker ``worker``'s batches of this pass, each tagged with its lanes' snapshots, then an end marker.
+
+        ``batch[STATE_KEY]`` is ``(epoch, worker, snapshots)``; the marker is a
+        dict holding only ``(epoch, worker, None)``, sent only to a loader that
+        asked for it (``impl.stream_loader``), never to torch's own DataLoader.
+        """
         tokens = _Tokens(self)
-        steps, cursors, plan = self._plan(tokens, num_workers)
-        p = self.config.packing
-        for step, (k, lanes) in enumerate(plan):
-            if k != worker:
-                continue
-            rows = []
-            for lane in lanes:
-                c = cursors[lane]
-                index = c.samples
-                sample = c.next_sample(tokens, p)
-                assert sample is not None, "the census counted a sample the lane does not hold"
-                rows.append((lane, index, sample))
+        lanes = self.worker_lanes(num_workers)[worker]
+        source = (self._lazy(tokens, lanes) if self.world_size == 1 else
+                  self._scheduled(tokens, num_workers, worker))
+        for rows, snaps in source:
             batch: dict[str, Any] = {name: torch.from_numpy(np.stack([s[name] for _, _, s in rows]))
-                     for name in ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")}
+                                     for name in ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")}
             batch["epoch"] = torch.full((len(rows),), self.epoch, dtype=torch.int64)
             batch["lane"] = torch.tensor([lane for lane, _, _ in rows], dtype=torch.int64)
             batch["sample_index"] = torch.tensor([i for _, i, _ in rows], dtype=torch.int64)
             cu, max_seqlen = batch_cu_seqlens(batch["position_ids"].numpy(), batch["doc_ids"].numpy())
             batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(cu), max_seqlen
-            batch[STATE_KEY] = (self.epoch, step, steps, tuple((lane, cursors[lane].snapshot()) for lane in set(lanes)))
+            batch[STATE_KEY] = (self.epoch, worker, snaps)
             yield batch
+        if markers:
+            yield {STATE_KEY: (self.epoch, worker, None)}
 
     def apply(self, meta: Any) -> None:
         """Record a handed-out batch: its lanes' snapshots become the state (STREAM-13)."""
-        epoch, _step, _steps, snaps = meta
-        if epoch == self.epoch:
+        epoch, _worker, snaps = meta
+        if epoch == self.epoch and snaps is not None:
             for lane, snap in snaps:
                 self.lanes[lane] = snap
 

@@ -43,7 +43,7 @@ def test_a_jsonl_line_without_the_text_field_is_refused_naming_the_file_and_the_
 
 @pytest.mark.clause("STREAM-5")
 def test_the_index_is_cached_atomically_and_read_back_without_rescanning(tmp_path, monkeypatch):
-    import impl.units as units
+    from impl import units
 
     names, _ = write(tmp_path / "d", [("txt", [ROWS]), ("parquet", [ROWS[:3], ROWS[3:]])])
     first = build_unit_index(names, unit_bytes=16, index_dir=tmp_path / "idx")
@@ -88,7 +88,7 @@ def test_a_checkpoint_taken_with_another_tokenizer_is_refused(tmp_path):
 @pytest.mark.clause("STREAM-10", "STREAM-11", "STREAM-13")
 def test_two_dataloader_workers_give_the_reference_s_batches_and_state(tmp_path):
     names, ref_files = write(tmp_path / "d", [("jsonl", [ROWS]), ("txt", [ROWS[::-1]])])
-    path, tok, tok_id = tokenizer()
+    _, tok, tok_id = tokenizer()
     kw = dict(seq_len=4, num_lanes=4, shuffle=True, shuffle_buffer_size=3, unit_bytes=48)
     ds = _ds(names, **kw)
     loader = build_dataloader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
@@ -116,3 +116,36 @@ def test_without_shuffle_one_lane_streams_the_token_store_s_epoch(tmp_path):
         sample = packed[i]
         assert row[3:] == tuple(tuple(sample[f].tolist()) for f in
                                 ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets"))
+
+
+@pytest.mark.clause("STREAM-10", "STREAM-12")
+def test_torch_s_own_dataloader_with_workers_yields_every_sample_of_the_reference_epoch(tmp_path):
+    from torch.utils.data import DataLoader
+
+    names, ref_files = write(tmp_path / "d", [("jsonl", [ROWS]), ("parquet", [ROWS[:9], ROWS[9:]])])
+    _, tok, tok_id = tokenizer()
+    ds = _ds(names, num_lanes=2, unit_bytes=40, batch_size=2)
+    got = impl_rows(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    ref = StreamingReferenceLoader(ref_files, ds.config, tok, tokenizer_id=tok_id, num_workers=2, batch_size=2)
+    assert sorted(got) == sorted(ref_rows(ref)) and len(got) > 2
+
+
+@pytest.mark.clause("STREAM-11", "STREAM-12", "STREAM-14")
+def test_each_of_two_ranks_with_two_workers_gives_the_reference_s_batches_and_their_states_merge(tmp_path):
+    from impl.streaming import merge_states
+
+    names, ref_files = write(tmp_path / "d", [("jsonl", [ROWS]), ("txt", [ROWS[::-1]])])
+    _, tok, tok_id = tokenizer()
+    kw = dict(seq_len=3, num_lanes=8, shuffle=True, unit_bytes=40)
+    states = []
+    for rank in (0, 1):
+        ds = _ds(names, **kw)
+        loader = build_dataloader(ds, batch_size=2, rank=rank, world_size=2, num_workers=2,
+                                  multiprocessing_context="fork")
+        ref = StreamingReferenceLoader(ref_files, ds.config, tok, tokenizer_id=tok_id, world_size=2, rank=rank,
+                                       num_workers=2, batch_size=2)
+        assert impl_rows(take(iter(loader), 3)) == ref_rows(take(iter(ref), 3))
+        states.append(loader.state_dict())
+        assert states[-1] == ref.state_dict()
+    merged = merge_states(states)
+    assert sorted(merged["lanes"], key=int) == [str(i) for i in range(8)]

@@ -29,14 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from impl.errors import StateError, is_int, require
+from impl.errors import StateError, TopologyError, is_int, require
 from impl.rng import FeistelPermutation, Stream, below, derive_key, subkey
 from impl.units import UnitIndex
 from reference.packing import IGNORE, PackingConfig
 from reference.streaming import StreamingConfig
 
 __all__ = ["FRESH", "LaneCursor", "LaneSnapshot", "buffer_key", "lane_json", "lane_rows", "lane_units",
-           "lane_windows", "remaining_samples", "schedule", "snapshot_from_json"]
+           "lane_windows", "participant_lanes", "remaining_samples", "schedule", "snapshot_from_json",
+           "valid_world_sizes"]
 
 LaneSnapshot = tuple[int, tuple[int, ...], int, int, int, int, int]
 """``(read, slots, counter, flushed, current, offset, samples)``; ``current == -1``: none (STREAM-13)."""
@@ -240,6 +241,34 @@ def schedule(lanes_of_workers: Sequence[Sequence[int]], samples: Mapping[int, in
             picked.append(lane)
         out.append((k, picked))
     return out
+
+
+def valid_world_sizes(num_lanes: int, num_workers: int = 0) -> list[int]:
+    """World sizes W with ``W * max(1, num_workers)`` dividing ``num_lanes`` (STREAM-10).
+
+    >>> valid_world_sizes(8, num_workers=2)
+    [1, 2, 4]
+    """
+    workers = max(1, num_workers)
+    return [w for w in range(1, num_lanes + 1) if num_lanes % (w * workers) == 0]
+
+
+def participant_lanes(num_lanes: int, world_size: int, num_workers: int, rank: int, worker: int) -> list[int]:
+    """Lanes ``l`` with ``l mod (W * K) = rank * K + worker`` (STREAM-10); ``TopologyError`` listing the valid W otherwise.
+
+    >>> participant_lanes(8, 2, 2, 1, 0)
+    [2, 6]
+    """
+    workers = max(1, num_workers)
+    require(is_int(world_size) and world_size >= 1 and is_int(num_workers) and num_workers >= 0, TopologyError,
+            f"world_size={world_size!r} must be >= 1 and num_workers={num_workers!r} >= 0")
+    require(num_lanes % (world_size * workers) == 0, TopologyError,
+            f"world_size={world_size} with num_workers={num_workers} gives {world_size * workers} lane owners, which "
+            f"does not divide num_lanes={num_lanes}: ranks and workers must own whole lanes; with "
+            f"num_workers={num_workers} choose world_size in {valid_world_sizes(num_lanes, num_workers)}")
+    require(is_int(rank) and 0 <= rank < world_size and 0 <= worker < workers, TopologyError,
+            f"rank={rank!r} must lie in [0, {world_size}) and worker={worker!r} in [0, {workers})")
+    return list(range(rank * workers + worker, num_lanes, world_size * workers))
 
 
 def _row_id(g: int, starts: np.ndarray) -> list[int]:

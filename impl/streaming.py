@@ -68,20 +68,15 @@ from impl.stream_lanes import (
     lane_json,
     lane_rows,
     lane_windows,
+    participant_lanes,
     remaining_samples,
     schedule,
     snapshot_from_json,
+    valid_world_sizes,
 )
 from impl.units import UnitIndex, build_unit_index, read_unit
 from reference.packing import PackingConfig
-from reference.streaming import (
-    STATE_FORMAT,
-    STATE_KEYS,
-    STATE_VERSION,
-    StreamingConfig,
-    participant_lanes,
-    valid_world_sizes,
-)
+from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamingConfig
 
 __all__ = ["STATE_KEY", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
@@ -118,7 +113,6 @@ class _Tokens:
         self._encode: Any = None
         self.units: dict[int, dict[int, np.ndarray]] = {}
         self.rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-        self.reads = 0
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         if self._encode is None:
@@ -135,8 +129,9 @@ class _Tokens:
         out = ([p.bos_id] if p.add_bos else []) + ids + ([p.eos_id] if p.add_eos else [])
         return np.array(out, dtype=np.int64)
 
-    def unit_texts(self, u: int) -> list[str]:
-        self.reads += 1
+    def unit_texts(self, u: int, *, census: bool = False) -> list[str]:
+        if not census:
+            self.ds.unit_reads += 1
         return read_unit(self.ds.files, self.ds.index, u, self.ds.config.text_field)
 
     def __call__(self, g: int) -> np.ndarray:
@@ -215,6 +210,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         self.lanes: dict[int, LaneSnapshot] = {lane: FRESH for lane in range(num_lanes)}
         self._lengths: np.ndarray | None = None
         self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
+        #: Units this process read to make samples (not the STREAM-12 census): the cost of a resume (STREAM-15).
+        self.unit_reads = 0
 
     # ------------------------------------------------------------ topology
 
@@ -262,10 +259,9 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                 pass
         raw = np.empty(int(self._counts.sum()), np.int64)
         for u in range(len(self.index.units)):
-            ids = tokens.encode(tokens.unit_texts(u))
+            ids = tokens.encode(tokens.unit_texts(u, census=True))
             first = int(self._starts[u])
             raw[first:first + len(ids)] = [len(t) for t in ids]
-        tokens.reads = 0
         self._lengths = raw
         if path is not None:
             import io

@@ -149,3 +149,33 @@ def test_each_of_two_ranks_with_two_workers_gives_the_reference_s_batches_and_th
         assert states[-1] == ref.state_dict()
     merged = merge_states(states)
     assert sorted(merged["lanes"], key=int) == [str(i) for i in range(8)]
+
+
+@pytest.mark.clause("STREAM-15")
+def test_a_resume_deep_into_an_epoch_reads_a_unit_or_two_not_everything_before_it(tmp_path):
+    names, _ = write(tmp_path / "d", [("jsonl", [ROWS * 3])])
+    kw = dict(seq_len=4, unit_bytes=1)                 # one row per unit: 90 units
+    ds = _ds(names, **kw)
+    take(iter(ds), 60)
+    assert ds.unit_reads > 40
+    resumed = _ds(names, **kw)
+    resumed.load_state_dict(ds.state_dict())
+    take(iter(resumed), 1)
+    assert resumed.unit_reads <= 3
+
+
+@pytest.mark.clause("STREAM-6", "STREAM-7", "STREAM-8", "STREAM-9")
+def test_a_shuffled_stream_changes_order_with_seed_and_epoch_and_trains_each_token_pair_at_most_once(tmp_path):
+    names, _ = write(tmp_path / "d", [("jsonl", [ROWS]), ("txt", [ROWS[::-1]])])
+    kw = dict(seq_len=4, num_lanes=2, shuffle=True, shuffle_buffer_size=4, unit_bytes=40)
+
+    def epochs(seed):
+        ds = _ds(names, seed=seed, **kw)
+        return [[row for batch in impl_rows(ds) for row in batch] for _ in range(2)]
+
+    (e0, e1), (f0, _) = epochs(0), epochs(1)
+    docs = [[tuple(r[6]) for r in e] for e in (e0, e1, f0)]
+    assert docs[0] != docs[1] and docs[0] != docs[2]
+    for epoch in (e0, e1):
+        pairs = [(d, o) for r in epoch for d, o, label in zip(r[6], r[7], r[4], strict=True) if label != -100]
+        assert len(pairs) == len(set(pairs)) > 0

@@ -179,3 +179,13 @@ def test_a_shuffled_stream_changes_order_with_seed_and_epoch_and_trains_each_tok
     for epoch in (e0, e1):
         pairs = [(d, o) for r in epoch for d, o, label in zip(r[6], r[7], r[4], strict=True) if label != -100]
         assert len(pairs) == len(set(pairs)) > 0
+
+
+@pytest.mark.clause("STREAM-15")
+def test_a_file_removed_between_checkpoint_and_resume_is_refused_by_name(tmp_path):
+    names, _ = write(tmp_path / "d", [("jsonl", [ROWS]), ("txt", [ROWS])])
+    ds = _ds(names)
+    take(iter(ds), 1)
+    os.remove(names[1])
+    with pytest.raises(SourceError, match=r"f01\.txt does not exist"):
+        _ds(names).load_state_dict(ds.state_dict())

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
     from impl.splits import SplitStore, select, slice_store, split_store
     from impl.store import BuildOptions, TokenStore
+    from impl.streaming import StreamingDataset, merge_states
     from impl.streams import StreamConfig
 
 _MODULE_OF = {
@@ -117,6 +118,8 @@ _MODULE_OF = {
     "slice_store": "impl.splits",
     "split_store": "impl.splits",
     "token_pooling_mask_from_attention_mask": "impl.collation",
+    "StreamingDataset": "impl.streaming",
+    "merge_states": "impl.streaming",
 }
 
 
@@ -154,6 +157,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreVersionError",
     "StreamConfig",
+    "StreamingDataset",
     "TokenPoolingType",
     "TokenStore",
     "TokenizerError",
@@ -167,6 +171,7 @@ __all__ = [
     "cu_seqlens",
     "distributed_topology",
     "interleave_datasets",
+    "merge_states",
     "pad_stack_1d",
     "select",
     "shard_dataset_data_parallel",

@@ -406,7 +406,9 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     """The loader of one rank: ``ElasticLoader`` over ``DataLoader(dataset, batch_sampler=ElasticSampler(...))``.
 
     ``dataset`` is an ``impl.dataset.PackedDataset`` (or anything with
-    ``num_samples(epoch)``, ``fingerprint`` and ``__getitem__(SampleKey)``).
+    ``num_samples(epoch)``, ``fingerprint`` and ``__getitem__(SampleKey)``);
+    an ``impl.streaming.StreamingDataset`` gets an ``impl.stream_loader.StreamingLoader``
+    (same ``state_dict`` / ``load_state_dict`` / ``set_epoch`` interface).
     ``rank``/``world_size`` default to ``torch.distributed``'s process group
     when initialised, else ``0``/``1``. ``batch_size`` is per rank; the global
     batch is ``world_size // replication * batch_size``. ``end`` is read from
@@ -426,6 +428,18 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     """
     require(is_int(num_workers) and num_workers >= 0, ConfigError,
             f"num_workers={num_workers!r} must be an integer >= 0 (0: load in the training process)")
+    from impl.stream_loader import StreamingLoader
+    from impl.streaming import StreamingDataset
+
+    if isinstance(dataset, StreamingDataset):   # batches composed per worker (STREAM-11): its own loader
+
+        require(replication == 1 and end is None and collate_fn is collate and not pin_memory, ConfigError,
+                "a StreamingDataset takes no replication, end, collate_fn or pin_memory: its batches are composed "
+                "per worker and end with equal-step truncation (STREAM-12); leave them at their defaults")
+        return StreamingLoader(dataset, batch_size=batch_size, rank=rank, world_size=world_size,  # type: ignore[return-value]
+                               num_workers=num_workers, multiprocessing_context=multiprocessing_context,
+                               persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
+                               **dataloader_kwargs)
     require(num_workers > 0 or (prefetch_factor is None and not persistent_workers), ConfigError,
             f"prefetch_factor={prefetch_factor!r} and persistent_workers={persistent_workers!r} need worker processes; "
             "pass num_workers >= 1 or leave them at None/False")

@@ -43,6 +43,7 @@ ALLOWED: dict[str, frozenset[str]] = {
                                    "canonical_json", "corpus_fingerprint", "pipeline_fingerprint", "make_state",
                                    "validate_state", "MixtureConfig", "mixture_fingerprint", "pipeline_parts",
                                    "mixture_parts", "mixture_level_parts", "part_hash"}),
+    "reference.streaming": frozenset({"StreamingConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS"}),
 }
 """Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
 

@@ -1,0 +1,465 @@
+"""StreamingDataset: raw jsonl / txt / parquet / Arrow files tokenized on the fly, in lanes, with exact, elastic resume.
+
+Conforms to STREAM-1 .. STREAM-15 (docs/SEMANTICS.md, "Streaming"; units
+through ``impl.units``, lanes through ``impl.stream_lanes``); its model is
+``reference.streaming.StreamingReferenceLoader``: for the same files,
+config, tokenizer and topology, the batches are the reference's, sample for
+sample, and ``state_dict()`` is the reference's JSON (STREAM-13).
+
+Why batches come out of the dataset: STREAM-11 makes a batch the samples of
+*one* worker's lanes, so a worker must compose whole batches; the dataset is
+a torch ``IterableDataset`` of batches (use ``batch_size=None`` with torch's
+own ``DataLoader``). Each batch carries, under ``STATE_KEY``, its worker
+and the post-batch snapshots of the lanes it drew from: the process
+that hands a batch to the training loop applies them, so the state counts
+consumed batches, never prefetched ones. :func:`impl.loader.build_dataloader`
+does that (and puts workers' batches in STREAM-11's order); without workers,
+iterating the dataset applies them itself.
+
+Why the tokenizer is loaded lazily: the dataset holds the tokenizer's JSON
+(a string: it pickles cheaply under ``spawn``) and each process builds its
+``tokenizers.Tokenizer`` on first use, so a forked worker never inherits a
+tokenizer's thread pool. Rows are encoded a unit at a time
+(``encode_batch_fast``, ``add_special_tokens=False``); BOS / EOS are added by
+the packing config (PACK-1).
+
+Why several ranks count every lane: equal-step truncation (STREAM-12) needs
+each rank's full batches, so with ``world_size > 1`` a worker computes every
+lane's remaining samples from the token lengths of the rows still ahead
+(tokenizing the whole source once per (index, tokenizer); the lengths are
+cached under ``index_dir``). One rank keeps every full batch, so it streams
+with no such pass.
+
+Worked example (a training loop that checkpoints, resumed on another world size)::
+
+    ds = StreamingDataset("data/*.jsonl", tokenizer="fixtures/tokenizer/gpt2", seq_len=2048,
+                          num_lanes=8, shuffle=True, shuffle_buffer_size=10_000, index_dir="data/.index")
+    loader = build_dataloader(ds, batch_size=8, rank=rank, world_size=2, num_workers=2)
+    for batch in loader:
+        train(batch)
+        states = gather(ds.state_dict())            # one per rank without a process group
+    saved = json.dumps(merge_states(states))
+    # later, on 4 ranks: ds.load_state_dict(json.loads(saved)) continues every lane where it stood
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from impl.collation import batch_cu_seqlens
+from impl.encoding import resolve_tokenizer
+from impl.errors import ConfigError, StateError, TokenizerError, is_int, require
+from impl.files import FileAccess, LocalFiles
+from impl.partition import distributed_topology
+from impl.stream_lanes import (
+    FRESH,
+    LaneCursor,
+    LaneSnapshot,
+    buffer_key,
+    lane_json,
+    lane_rows,
+    lane_windows,
+    participant_lanes,
+    remaining_samples,
+    schedule,
+    snapshot_from_json,
+    valid_world_sizes,
+)
+from impl.units import UnitIndex, build_unit_index, read_unit
+from reference.packing import PackingConfig
+from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamingConfig
+
+__all__ = ["STATE_KEY", "StreamingDataset", "merge_states", "valid_world_sizes"]
+
+STATE_KEY = "_loadspec_stream"
+"""The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
+_MODES = ("concat", "chunk")
+
+
+_Batch = tuple[list[tuple[int, int, dict[str, np.ndarray]]], tuple[tuple[int, LaneSnapshot], ...]]
+_RESOLVED: dict[Any, Any] = {}
+
+
+def _resolve(spec: Any) -> Any:
+    """``impl.encoding.resolve_tokenizer``, remembered for a path whose files are unchanged (it costs ~1 s a call)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return resolve_tokenizer(spec)
+    path = os.path.abspath(os.fspath(spec))
+    try:
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
+        key = (path, tuple((n, os.stat(os.path.join(path, n) if n else path).st_mtime_ns) for n in names))
+    except OSError:
+        return resolve_tokenizer(spec)
+    if key not in _RESOLVED:
+        _RESOLVED.clear()
+        _RESOLVED[key] = resolve_tokenizer(spec)
+    return _RESOLVED[key]
+
+
+class _Tokens:
+    """Prepared token arrays of rows by global row number, a unit encoded per read (one process's cache)."""
+
+    def __init__(self, ds: StreamingDataset) -> None:
+        self.ds = ds
+        self._encode: Any = None
+        self.units: dict[int, dict[int, np.ndarray]] = {}
+        self.rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if self._encode is None:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_str(self.ds._tok_json)
+            tok.no_truncation()
+            tok.no_padding()
+            self._encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+        return [e.ids for e in self._encode(texts, add_special_tokens=False)]
+
+    def prepare(self, ids: list[int]) -> np.ndarray:
+        p = self.ds.config.packing
+        out = ([p.bos_id] if p.add_bos else []) + ids + ([p.eos_id] if p.add_eos else [])
+        return np.array(out, dtype=np.int64)
+
+    def unit_texts(self, u: int, *, census: bool = False) -> list[str]:
+        if not census:
+            self.ds.unit_reads += 1
+        return read_unit(self.ds.files, self.ds.index, u, self.ds.config.text_field)
+
+    def __call__(self, g: int) -> np.ndarray:
+        arr = self.rows.get(g)
+        if arr is not None:
+            return arr
+        u = int(np.searchsorted(self.ds._starts, g, side="right")) - 1
+        unit = self.units.get(u)
+        if unit is None:
+            first = int(self.ds._starts[u])
+            ids = self.encode(self.unit_texts(u))
+            unit = self.units[u] = {first + r: self.prepare(t) for r, t in enumerate(ids)}
+        arr = unit.pop(g)
+        if not unit:
+            del self.units[u]
+        self.rows[g] = arr
+        while len(self.rows) > 4 * self.ds.config.num_lanes + 16:
+            self.rows.popitem(last=False)
+        return arr
+
+
+class StreamingDataset(IterableDataset[dict[str, Any]]):
+    """Batches of packed samples from raw files, equal to ``reference.streaming``'s (STREAM-1 .. STREAM-15).
+
+    ``paths``: names or globs under ``files`` (default: the local
+    filesystem); ``tokenizer``: a tokenizer directory, ``tokenizer.json``, or
+    a (fast) tokenizer object; ``packing``: ``concat`` or ``chunk``;
+    ``num_lanes`` fixes the lanes (world size × workers must divide it);
+    ``shuffle`` permutes units and rows of ``unit_window`` units per epoch;
+    ``shuffle_buffer_size`` runs the buffered shuffle in each lane;
+    ``add_eos`` (default True) ends every document with the tokenizer's EOS.
+    ``batch_size`` is per rank; ``rank``/``world_size`` default to the process
+    group's. Each batch is a dict of int64 tensors ``input_ids``, ``labels``,
+    ``position_ids``, ``doc_ids`` (the row's global number), ``token_offsets``
+    ``[B, seq_len]``, ``epoch``, ``lane``, ``sample_index`` (the sample's index
+    in its lane's epoch) ``[B]``, plus ``cu_seqlens`` / ``max_seqlen``.
+    """
+
+    def __init__(self, paths: str | Sequence[str], *, tokenizer: Any, seq_len: int, packing: str = "concat",
+                 num_lanes: int = 1, seed: int = 0, shuffle: bool = False, unit_window: int = 1,
+                 shuffle_buffer_size: int = 0, unit_bytes: int = 1 << 20, text_field: str = "text",
+                 add_bos: bool = False, add_eos: bool = True, min_len: int = 0, pad_id: int | None = None,
+                 files: FileAccess | None = None, index_dir: str | os.PathLike[str] | None = None,
+                 batch_size: int = 1, rank: int | None = None, world_size: int | None = None,
+                 num_workers: int = 0, epoch: int = 0) -> None:
+        super().__init__()
+        require(packing in _MODES, ConfigError,
+                f"packing={packing!r} is not a streaming mode; choose one of {_MODES} (the bin modes need a view "
+                "beyond one lane: build a TokenStore and use PackedDataset)")
+        require(is_int(batch_size) and batch_size >= 1, ConfigError, f"batch_size={batch_size!r} must be >= 1")
+        require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        self._tok_json, info = _resolve(tokenizer)
+        for name, wanted, ident in (("add_bos", add_bos, info.bos_id), ("add_eos", add_eos, info.eos_id)):
+            require(not wanted or ident is not None, TokenizerError,
+                    f"{name}=True but the tokenizer defines no {name[4:]} token; set {name}=False or use a tokenizer "
+                    f"that has one")
+        if pad_id is None:
+            pad_id = next((i for i in (info.pad_id, info.eos_id) if i is not None), 0)
+        self.config = StreamingConfig(
+            packing=PackingConfig(seq_len=seq_len, mode=packing, add_bos=add_bos, add_eos=add_eos,  # type: ignore[arg-type]
+                                  bos_id=info.bos_id if add_bos else None, eos_id=info.eos_id if add_eos else None,
+                                  pad_id=pad_id, min_len=min_len),
+            num_lanes=num_lanes, seed=seed, shuffle=shuffle, unit_window=unit_window,
+            shuffle_buffer_size=shuffle_buffer_size, unit_bytes=unit_bytes, text_field=text_field)
+        self.tokenizer_id = info.sha256
+        self.files: FileAccess = LocalFiles("") if files is None else files
+        self.index_dir = None if index_dir is None else os.fspath(index_dir)
+        self.index: UnitIndex = build_unit_index(paths, files=self.files, unit_bytes=unit_bytes,
+                                                 text_field=text_field, index_dir=self.index_dir)
+        self._starts = np.array(self.index.row_starts(), dtype=np.int64)
+        self._counts = np.array([u.rows for u in self.index.units], dtype=np.int64)
+        self.batch_size = batch_size
+        self.rank, self.world_size = distributed_topology(rank, world_size)
+        self.set_topology(self.rank, self.world_size, num_workers)
+        self.epoch = int(epoch)
+        self.lanes: dict[int, LaneSnapshot] = {lane: FRESH for lane in range(num_lanes)}
+        self._lengths: np.ndarray | None = None
+        self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
+        #: Units this process read to make samples (not the STREAM-12 census): the cost of a resume (STREAM-15).
+        self.unit_reads = 0
+
+    # ------------------------------------------------------------ topology
+
+    def set_topology(self, rank: int, world_size: int, num_workers: int) -> None:
+        """Who runs which lanes (STREAM-10); a world size whose ranks × workers do not divide the lanes is refused."""
+        require(is_int(num_workers) and num_workers >= 0, ConfigError, f"num_workers={num_workers!r} must be >= 0")
+        participant_lanes(self.config.num_lanes, world_size, num_workers, rank, 0)
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+
+    def worker_lanes(self, num_workers: int) -> list[list[int]]:
+        return [participant_lanes(self.config.num_lanes, self.world_size, num_workers, self.rank, k)
+                for k in range(max(1, num_workers))]
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the unit index, the tokenizer and every option: what a state must match (STREAM-15)."""
+        text = json.dumps([self.index.fingerprint, self.tokenizer_id, self.config.to_json()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning unless the state already sits inside it (as RES-7)."""
+        require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
+        if epoch != self.epoch:
+            self.epoch, self.lanes = int(epoch), {lane: FRESH for lane in self.lanes}
+
+    # ------------------------------------------------------------ lanes
+
+    def windows(self, epoch: int, lane: int) -> list[np.ndarray]:
+        return lane_windows(self.index, self._starts, self.config, epoch, lane)
+
+    def lengths(self, tokens: _Tokens) -> np.ndarray:
+        """Prepared length of every row (the census of STREAM-12), cached under ``index_dir`` when there is one."""
+        if self._lengths is not None:
+            return self._lengths
+        path = None
+        if self.index_dir is not None:
+            name = f"{self.index.fingerprint[:32]}-{self.tokenizer_id[:32]}-{self.config.text_field}.lengths.npy"
+            path = os.path.join(self.index_dir, hashlib.sha256(name.encode()).hexdigest()[:40] + ".lengths.npy")
+            try:
+                cached = np.load(path)
+                if cached.shape == (int(self._counts.sum()),):
+                    self._lengths = cached.astype(np.int64)
+                    return self._lengths
+            except (OSError, ValueError):
+                pass
+        raw = np.empty(int(self._counts.sum()), np.int64)
+        for u in range(len(self.index.units)):
+            ids = tokens.encode(tokens.unit_texts(u, census=True))
+            first = int(self._starts[u])
+            raw[first:first + len(ids)] = [len(t) for t in ids]
+        self._lengths = raw
+        if path is not None:
+            import io
+
+            from impl._atomic import atomic_write_bytes
+
+            buf = io.BytesIO()
+            np.save(buf, raw)
+            os.makedirs(self.index_dir or ".", exist_ok=True)
+            atomic_write_bytes(path, buf.getvalue())
+        return self._lengths
+
+    def _plan(self, tokens: _Tokens, num_workers: int) -> tuple[int, dict[int, LaneCursor], list[tuple[int, list[int]]]]:
+        """This pass's steps (STREAM-12), a cursor per lane and the rank's schedule of batches (STREAM-11)."""
+        epoch, p = self.epoch, self.config.packing
+        extra = int(p.add_bos) + int(p.add_eos)
+        lengths = self.lengths(tokens) + extra
+        cursors = {lane: LaneCursor(lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane),
+                                    self.config.shuffle_buffer_size, snap) for lane, snap in self.lanes.items()}
+        remaining = {lane: remaining_samples(c, lambda g: int(lengths[g]), p) for lane, c in cursors.items()}
+        B, N, W = self.batch_size, self.config.num_lanes, self.world_size
+        steps = min(sum(sum(remaining[lane] for lane in lanes) // B
+                        for lanes in (participant_lanes(N, W, num_workers, r, k) for k in range(max(1, num_workers))))
+                    for r in range(W))
+        samples = {lane: snap[6] for lane, snap in self.lanes.items()}
+        return steps, cursors, schedule(self.worker_lanes(num_workers), samples, remaining, steps, B)
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        if info is None:
+            return self._run_in_process()
+        return self._batches(info.num_workers, info.id, markers=self._markers)
+
+    def _run_in_process(self) -> Iterator[dict[str, Any]]:
+        epoch = self.epoch
+        for batch in self._batches(0, 0, markers=True):
+            meta = batch.pop(STATE_KEY)
+            if meta[2] is None:     # the pass's end marker
+                break
+            self.apply(meta)
+            yield batch
+        if self.epoch == epoch:
+            self.set_epoch(epoch + 1)
+
+    def _lazy(self, tokens: _Tokens, lanes: list[int]) -> Iterator[_Batch]:
+        """One rank alone: a worker's batches, no census (STREAM-11, STREAM-12 with W = 1).
+
+        With one rank, equal-step truncation keeps every full batch of every
+        worker, so a worker fills batches until its lanes hold fewer than B
+        samples; a lane leaves the rotation when it yields none (its cursor is
+        then spent, and no batch carries its snapshot).
+        """
+        epoch, p, B = self.epoch, self.config.packing, self.batch_size
+        cursors = {lane: LaneCursor(lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane),
+                                    self.config.shuffle_buffer_size, self.lanes[lane]) for lane in lanes}
+        alive = set(lanes)
+        while True:
+            rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
+            while len(rows) < B and alive:
+                lane = min(alive, key=lambda lane: (cursors[lane].samples, lane))
+                index = cursors[lane].samples
+                sample = cursors[lane].next_sample(tokens, p)
+                if sample is None:
+                    alive.discard(lane)
+                else:
+                    rows.append((lane, index, sample))
+            if len(rows) < B:
+                return
+            yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted({r[0] for r in rows}))
+
+    def _scheduled(self, tokens: _Tokens, num_workers: int,
+                   worker: int) -> Iterator[_Batch]:
+        """Several ranks: the worker's batches among the census's equal steps (STREAM-11, STREAM-12)."""
+        _steps, cursors, plan = self._plan(tokens, num_workers)
+        for k, lanes in plan:
+            if k == worker:
+                rows = []
+                for lane in lanes:
+                    index = cursors[lane].samples
+                    sample = cursors[lane].next_sample(tokens, self.config.packing)
+                    assert sample is not None, "the census counted a sample the lane does not hold"
+                    rows.append((lane, index, sample))
+                yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted(set(lanes)))
+
+    def _batches(self, num_workers: int, worker: int, *, markers: bool) -> Iterator[dict[str, Any]]:
+        """Worker ``worker``'s batches of this pass, each tagged with its lanes' snapshots, then an end marker.
+
+        ``batch[STATE_KEY]`` is ``(epoch, worker, snapshots)``; the marker is a
+        dict holding only ``(epoch, worker, None)``, sent only to a loader that
+        asked for it (``impl.stream_loader``), never to torch's own DataLoader.
+        """
+        tokens = _Tokens(self)
+        lanes = self.worker_lanes(num_workers)[worker]
+        source = (self._lazy(tokens, lanes) if self.world_size == 1 else
+                  self._scheduled(tokens, num_workers, worker))
+        for rows, snaps in source:
+            batch: dict[str, Any] = {name: torch.from_numpy(np.stack([s[name] for _, _, s in rows]))
+                                     for name in ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")}
+            batch["epoch"] = torch.full((len(rows),), self.epoch, dtype=torch.int64)
+            batch["lane"] = torch.tensor([lane for lane, _, _ in rows], dtype=torch.int64)
+            batch["sample_index"] = torch.tensor([i for _, i, _ in rows], dtype=torch.int64)
+            cu, max_seqlen = batch_cu_seqlens(batch["position_ids"].numpy(), batch["doc_ids"].numpy())
+            batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(cu), max_seqlen
+            batch[STATE_KEY] = (self.epoch, worker, snaps)
+            yield batch
+        if markers:
+            yield {STATE_KEY: (self.epoch, worker, None)}
+
+    def apply(self, meta: Any) -> None:
+        """Record a handed-out batch: its lanes' snapshots become the state (STREAM-13)."""
+        epoch, _worker, snaps = meta
+        if epoch == self.epoch and snaps is not None:
+            for lane, snap in snaps:
+                self.lanes[lane] = snap
+
+    # ------------------------------------------------------------ state
+
+    def _my_lanes(self) -> list[int]:
+        return sorted(lane for lanes in self.worker_lanes(self.num_workers) for lane in lanes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state (STREAM-13): this rank's lanes, or every lane when a process group gathers them (STREAM-14)."""
+        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "index": self.index.fingerprint,
+                 "tokenizer": self.tokenizer_id, "options": self.config.to_json(), "epoch": self.epoch,
+                 "lanes": {str(lane): lane_json(self.lanes[lane], self.windows(self.epoch, lane), self._starts,
+                                                self.config.unit_window) for lane in self._my_lanes()}}
+        import torch.distributed as dist
+
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, state)
+            return merge_states(gathered)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a global state; refuse one that does not fit, naming what differs (STREAM-15)."""
+        require(isinstance(state, Mapping) and state.get("format") == STATE_FORMAT, StateError,
+                f"not a streaming state (format {state.get('format') if isinstance(state, Mapping) else state!r}); "
+                "pass the dict a StreamingDataset's state_dict() or merge_states returned")
+        require(state.get("version") == STATE_VERSION and set(state) == STATE_KEYS, StateError,
+                f"state version {state.get('version')!r} with keys {sorted(state)} is not version {STATE_VERSION} "
+                f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
+        differs = []
+        if state["index"] != self.index.fingerprint:
+            differs.append("the unit index (a file was changed, added, removed or reordered, or unit_bytes differs)")
+        if state["tokenizer"] != self.tokenizer_id:
+            differs.append(f"the tokenizer ({state['tokenizer']!r} in the checkpoint, {self.tokenizer_id!r} here)")
+        options = self.config.to_json()
+        saved = state["options"] if isinstance(state["options"], Mapping) else {}
+        changed = sorted(k for k in set(options) | set(saved)
+                         if json.dumps(saved.get(k), sort_keys=True) != json.dumps(options.get(k), sort_keys=True))
+        if changed:
+            differs.append(f"the options {changed}")
+        require(not differs, StateError, "the checkpoint differs from this loader in " + "; ".join(differs) +
+                ": resume with the data, tokenizer and options it was taken with, or start from a fresh state")
+        epoch, lanes = state["epoch"], state["lanes"]
+        require(is_int(epoch) and epoch >= 0, StateError, f"epoch={epoch!r} must be an integer >= 0")
+        wanted = [str(lane) for lane in range(self.config.num_lanes)]
+        require(isinstance(lanes, Mapping) and sorted(lanes, key=str) == sorted(wanted), StateError,
+                f"state holds lanes {sorted(lanes) if isinstance(lanes, Mapping) else lanes!r} of "
+                f"{self.config.num_lanes}: a rank's state holds its own lanes; combine every rank's state_dict() "
+                "with merge_states and load the result")
+        loaded = {}
+        for key, value in lanes.items():
+            lane = int(key)
+            windows = self.windows(epoch, lane)
+            loaded[lane] = snapshot_from_json(value, lane, epoch, windows, self._starts, self._counts,
+                                              self.config.unit_window, lane_rows(windows))
+        self.epoch, self.lanes = int(epoch), loaded
+
+    def __repr__(self) -> str:
+        return (f"StreamingDataset({len(self.index.files)} files, {len(self.index.units)} units, "
+                f"seq_len={self.config.packing.seq_len}, num_lanes={self.config.num_lanes}, epoch={self.epoch})")
+
+
+def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One global state from the per-rank states of one step: every field equal, the lanes united (STREAM-14).
+
+    >>> a = {"format": STATE_FORMAT, "epoch": 0, "lanes": {"0": {"samples": 1}}}
+    >>> merge_states([a, dict(a, lanes={"1": {"samples": 2}})])["lanes"]
+    {'0': {'samples': 1}, '1': {'samples': 2}}
+    """
+    require(isinstance(states, Sequence) and len(states) >= 1, StateError,
+            "merge_states needs at least one state; pass every rank's state_dict()")
+    first = states[0]
+    lanes: dict[str, Any] = {}
+    for i, state in enumerate(states):
+        require(isinstance(state, Mapping) and isinstance(state.get("lanes"), Mapping), StateError,
+                f"state {i} is not a streaming state with lanes; pass every rank's state_dict() unchanged")
+        for key in sorted(set(first) | set(state)):
+            require(key == "lanes" or state.get(key) == first.get(key), StateError,
+                    f"state {i} differs from state 0 in {key}: merge the states the ranks saved at the same step "
+                    "of the same run")
+        for lane, value in state["lanes"].items():
+            require(lane not in lanes, StateError, f"lane {lane} appears in two states: pass each rank's state once, "
+                    "from one run")
+            lanes[lane] = value
+    return dict(first, lanes=dict(sorted(lanes.items(), key=lambda kv: int(kv[0]))))
+

@@ -23,6 +23,7 @@ from conformance.examples import broken, third_party
 from conformance.tests import test_any_loader, test_loader
 
 SUITES = (test_any_loader, test_loader)
+FURTHEST = "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology"
 
 
 def _capabilities(fn: Any) -> set[str]:
@@ -70,3 +71,12 @@ def test_a_loader_that_holds_back_the_last_batch_of_an_even_epoch_fails_the_exac
     assert message.startswith("[PART-4] epoch 0 trained"), failures
     assert "is a multiple of G" in message
     assert "the epoch's last global batch" in message and "never served" in message
+
+
+def test_a_rank_0_that_checkpoints_the_furthest_rank_fails_only_when_the_last_rank_is_ahead():
+    failures = _run_suites(broken.counts_furthest_rank())
+    test = FURTHEST
+    assert set(failures) == {test}, failures   # rank 0 ahead (the test before it) is exact, and passes
+    message = failures[test]
+    assert message.startswith("[RES-6] rank 0 wrote its state after "), message
+    assert "was one batch ahead" in message and "the state counts another rank's batches, not rank 0's" in message

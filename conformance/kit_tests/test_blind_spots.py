@@ -3,9 +3,10 @@
 Each test runs every test of the in-process any-loader suites
 (``conformance/tests/test_any_loader.py`` and ``test_loader.py``) that the
 adapter's capabilities allow, on one broken variant of the worked example, with
-the kit's budget (the loaded profile; its settings are not touched, so no
-private hypothesis attribute is written), and checks that a test fails with a
-message that names the bug. The intact worked example passes the same tests,
+the kit's budget (``LOADSPEC_HYPOTHESIS_PROFILE``, given with hypothesis's
+public ``@settings`` decorator as the plugin gives it to collected kit tests,
+so there is no deadline to miss on a loaded machine), and checks that a test
+fails with a message that names the bug. The intact worked example passes the same tests,
 so each failure is the bug's. And each variant is caught by the matrix's own
 run (``conformance.matrix.run_loader``) under the profile the matrix is
 generated with (``conformance.matrix.PROFILE``), so no row of MATRIX.md is a
@@ -23,6 +24,7 @@ pytest.importorskip("hypothesis")
 
 from conformance import matrix
 from conformance.assertions import ClauseViolation
+from conformance.budget import apply_kit_budget
 from conformance.examples import broken, third_party
 from conformance.tests import test_any_loader, test_loader
 
@@ -50,7 +52,7 @@ def _run_suites(adapter: Any) -> dict[str, str]:
             if not name.startswith("test_") or not _capabilities(fn) <= adapter.capabilities:
                 continue
             try:
-                fn(loadspec_adapter=adapter)
+                apply_kit_budget(fn)(loadspec_adapter=adapter)
             except ClauseViolation as exc:
                 failures[name] = str(exc)
     return failures

@@ -47,3 +47,25 @@ def kit_settings(**overrides: Any) -> Any:
     base.update(PROFILES[profile_name()])
     base.update(overrides)
     return settings(parent=settings.get_profile("default"), **base)
+
+
+def apply_kit_budget(fn: Any) -> Any:
+    """Give ``fn``, a kit hypothesis test without its own ``@settings``, the kit's budget; return it.
+
+    With hypothesis's public decorator, once per function. A test that has its
+    own ``@settings`` keeps it: hypothesis refuses a second decorator
+    (``InvalidArgument``), and the kit's own such tests build theirs with
+    :func:`kit_settings`, so they carry the budget already. The plugin applies
+    it to every collected kit test; ``kit_tests`` that call a suite's test
+    directly apply it first.
+    """
+    if fn is None or not getattr(fn, "is_hypothesis_test", False) or getattr(fn, "_loadspec_budget", False):
+        return fn
+    import contextlib
+
+    from hypothesis.errors import InvalidArgument
+
+    fn._loadspec_budget = True
+    with contextlib.suppress(InvalidArgument):
+        kit_settings()(fn)
+    return fn

@@ -49,6 +49,9 @@ _CLAUSE = re.compile(r"\[([A-Z]+-\d+)\]")
 _TIMEOUT = re.compile(r"(?:[\w.]+\.)?(?:RankTimeout|TimeoutError)\b")
 """A test that raised the harness's ``RankTimeout`` (or a ``TimeoutError``): a job that ran out of time, never a
 defect caught (on a loaded machine it is the machine; ``LOADSPEC_TIMEOUT_SCALE`` gives the harness more time)."""
+PROFILE = "dev"
+"""The hypothesis profile the matrix is generated with (``--profile``'s default): ``kit_tests/test_blind_spots``
+runs every broken variant of the worked example under it and checks each is caught."""
 PER_RANK_MODULE = "test_any_loader_processes"
 """The suite whose tests run one process per rank: the only grading of several ranks for a loader whose ranks
 cannot share a process (MosaicML, LitData); the matrix marks its rows."""
@@ -191,7 +194,9 @@ def _read_log(path: Path, run: LoaderRun, *, stopped: str) -> None:
     run.per_rank = sorted({_test_name(n) for n in collected if f"{PER_RANK_MODULE}.py::" in n})
 
 
-def run_loader(label: str, spec: str, *, profile: str, timeout: float, python: str = sys.executable) -> LoaderRun:
+def run_loader(label: str, spec: str, *, profile: str, timeout: float, python: str = sys.executable,
+               suites: tuple[str, ...] = SUITES, select: str | None = None) -> LoaderRun:
+    """Run the kit's ``suites`` on the adapter ``spec`` in a pytest process of its own (``select``: its ``-k``)."""
     run = LoaderRun(label, spec)
     described = subprocess.run([python, "-m", "conformance.matrix", "--describe", spec], capture_output=True,
                                text=True, env=_env(profile), cwd=REPO, timeout=300, check=False)
@@ -202,8 +207,8 @@ def run_loader(label: str, spec: str, *, profile: str, timeout: float, python: s
     run.name, run.version, run.capabilities = info["name"], info["version"], info["capabilities"]
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "outcomes.jsonl"
-        cmd = [python, "-m", "pytest", "--pyargs", *SUITES, "--loadspec-loader", spec, "-p", "no:randomly",
-               "-p", "no:cacheprovider", "-p", "conformance.matrix", "-q"]
+        cmd = [python, "-m", "pytest", "--pyargs", *suites, "--loadspec-loader", spec, "-p", "no:randomly",
+               "-p", "no:cacheprovider", "-p", "conformance.matrix", "-q", *(["-k", select] if select else [])]
         start = time.monotonic()
         stopped = ""
         # its own session, so a timeout also stops the rank processes and workers it started
@@ -345,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--describe", metavar="SPEC", help=argparse.SUPPRESS)
     ap.add_argument("--loader", action="append", metavar="LABEL=SPEC", help="loaders to run (default: all known)")
     ap.add_argument("--out", default=str(REPO / "conformance" / "report"), help="directory for MATRIX.md and matrix.json")
-    ap.add_argument("--profile", default="dev", help="hypothesis profile for the runs (ci, dev, thorough)")
+    ap.add_argument("--profile", default=PROFILE, help="hypothesis profile for the runs (ci, dev, thorough)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per loader")
     ap.add_argument("--merge", action="append", default=[], metavar="MATRIX_JSON",
                     help="rows of earlier runs to include (rows run now win); with no --loader, run nothing")
@@ -360,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     earlier = list(args.merge) + ([str(out / "matrix.json")] if args.update and (out / "matrix.json").exists() else [])
     kept_runs = [_load_run(data) for path in earlier for data in json.loads(Path(path).read_text(encoding="utf-8"))]
-    command = "python -m conformance.matrix" + (f" --profile {args.profile}" if args.profile != "dev" else "")
+    command = "python -m conformance.matrix" + (f" --profile {args.profile}" if args.profile != PROFILE else "")
     runs: list[LoaderRun] = []
     for label, spec in loaders.items():
         print(f"[matrix] {label}: {spec}", flush=True)

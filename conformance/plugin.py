@@ -29,7 +29,6 @@ What it adds:
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
@@ -234,19 +233,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _apply_kit_budget(item: pytest.Item) -> None:
-    """Give a kit hypothesis test without its own ``@settings`` the kit's budget, with hypothesis's public decorator.
+    """Give a kit hypothesis test without its own ``@settings`` the kit's budget (``budget.apply_kit_budget``)."""
+    from conformance.budget import apply_kit_budget
 
-    A test that has its own ``@settings`` keeps it: hypothesis refuses a second
-    decorator (``InvalidArgument``), and the kit's own such tests build theirs
-    with ``conformance.budget.kit_settings(...)``, so they carry the budget already.
-    """
-    fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-    if fn is None or not getattr(fn, "is_hypothesis_test", False) or getattr(fn, "_loadspec_budget", False):
-        return
-    from hypothesis.errors import InvalidArgument
-
-    from conformance.budget import kit_settings
-
-    fn._loadspec_budget = True
-    with contextlib.suppress(InvalidArgument):
-        kit_settings()(fn)
+    apply_kit_budget(getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None)))

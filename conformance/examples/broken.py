@@ -13,6 +13,10 @@ kit on every one):
 * ``holds_back_even_batch``: the loop tests ``seen + g < len(rows)``, so
   when the epoch divides into global batches evenly its last one is never
   served (a batch lost whenever ``S mod G == 0``).
+* ``counts_furthest_rank``: rank 0 checkpoints the furthest position any
+  rank of the job reached (a counter the ranks share), not its own. Exact
+  while rank 0 is the rank ahead at a checkpoint; when the last rank is
+  ahead, every rank restoring rank 0's state skips a step of the others.
 
 Run the kit on one: ``pytest --pyargs conformance.tests --loadspec-loader conformance.examples.broken:forgets_epoch``.
 """
@@ -70,16 +74,37 @@ class EvenBatchLoader(TinyLoader):
         self.epoch, self.seen = self.epoch + 1, 0
 
 
+class FurthestRankLoader(TinyLoader):
+    """Rank 0's state is the furthest ``(epoch, seen)`` of any loader of its job (``job``, shared by the ranks)."""
+
+    def __init__(self, rows: list[Any], *, job: list[TinyLoader], **kwargs: Any) -> None:
+        super().__init__(rows, **kwargs)
+        self.job = job
+        job.append(self)
+
+    def state_dict(self) -> dict[str, int]:
+        if self.rank != 0:
+            return super().state_dict()
+        epoch, seen = max((ld.epoch, ld.seen) for ld in self.job)
+        return {"ep": epoch, "seen": seen}
+
+
 class BrokenAdapter(TinyAdapter):
     """``TinyAdapter`` building one of the broken loaders above."""
 
     def __init__(self, loader_class: type[TinyLoader], name: str) -> None:
         self.loader_class, self.name = loader_class, name
+        self.job: list[TinyLoader] = []
 
     def build(self, corpus, config, topology, *, workdir):
+        shared: dict[str, Any] = {}
+        if self.loader_class is FurthestRankLoader:  # the ranks built after a rank 0 are its job's
+            if topology.rank == 0:
+                self.job = []
+            shared["job"] = self.job
         loader = self.loader_class(pack_corpus(corpus, config.packing), batch_size=topology.batch_size,
                                    rank=topology.rank, world_size=topology.world_size, seed=config.ordering.seed,
-                                   shuffle=config.ordering.kind != "sequential")
+                                   shuffle=config.ordering.kind != "sequential", **shared)
         return RowLoader(loader, lambda batch: [row_from_columns(r, epoch=loader.epoch, index=-1) for r in batch])
 
 
@@ -93,3 +118,7 @@ def loses_last_sample() -> BrokenAdapter:
 
 def holds_back_even_batch() -> BrokenAdapter:
     return BrokenAdapter(EvenBatchLoader, "tiny-loader-holds-back-even-batch")
+
+
+def counts_furthest_rank() -> BrokenAdapter:
+    return BrokenAdapter(FurthestRankLoader, "tiny-loader-counts-furthest-rank")

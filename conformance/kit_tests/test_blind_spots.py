@@ -3,10 +3,14 @@
 Each test runs every test of the in-process any-loader suites
 (``conformance/tests/test_any_loader.py`` and ``test_loader.py``) that the
 adapter's capabilities allow, on one broken variant of the worked example, with
-the kit's budget (the loaded profile; its settings are not touched, so no
-private hypothesis attribute is written), and checks that a test fails with a
-message that names the bug. The intact worked example passes the same tests,
-so each failure is the bug's.
+the kit's budget (``LOADSPEC_HYPOTHESIS_PROFILE``, given with hypothesis's
+public ``@settings`` decorator as the plugin gives it to collected kit tests,
+so there is no deadline to miss on a loaded machine), and checks that a test
+fails with a message that names the bug. The intact worked example passes the same tests,
+so each failure is the bug's. And each variant is caught by the matrix's own
+run (``conformance.matrix.run_loader``) under the profile the matrix is
+generated with (``conformance.matrix.PROFILE``), so no row of MATRIX.md is a
+pass that the kit's budget could not have failed.
 """
 
 from __future__ import annotations
@@ -18,11 +22,22 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
+from conformance import matrix
 from conformance.assertions import ClauseViolation
+from conformance.budget import apply_kit_budget
 from conformance.examples import broken, third_party
 from conformance.tests import test_any_loader, test_loader
 
 SUITES = (test_any_loader, test_loader)
+CATCHES = {
+    "forgets_epoch": ("test_resuming_in_a_later_epoch_continues_that_epochs_stream_also_when_resumed_twice", "RES-1"),
+    "loses_last_sample": ("test_fewer_than_one_global_batch_is_left_untrained", "PART-4"),
+    "holds_back_even_batch": ("test_fewer_than_one_global_batch_is_left_untrained", "PART-4"),
+    "counts_furthest_rank": (
+        "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology",
+        "RES-6"),
+}
+"""Each broken variant of ``conformance.examples.broken``: the kit test that catches it, and the clause it names."""
 
 
 def _capabilities(fn: Any) -> set[str]:
@@ -37,7 +52,7 @@ def _run_suites(adapter: Any) -> dict[str, str]:
             if not name.startswith("test_") or not _capabilities(fn) <= adapter.capabilities:
                 continue
             try:
-                fn(loadspec_adapter=adapter)
+                apply_kit_budget(fn)(loadspec_adapter=adapter)
             except ClauseViolation as exc:
                 failures[name] = str(exc)
     return failures
@@ -70,3 +85,28 @@ def test_a_loader_that_holds_back_the_last_batch_of_an_even_epoch_fails_the_exac
     assert message.startswith("[PART-4] epoch 0 trained"), failures
     assert "is a multiple of G" in message
     assert "the epoch's last global batch" in message and "never served" in message
+
+
+def test_a_rank_0_that_checkpoints_the_furthest_rank_fails_only_when_the_last_rank_is_ahead():
+    failures = _run_suites(broken.counts_furthest_rank())
+    test, _ = CATCHES["counts_furthest_rank"]
+    assert set(failures) == {test}, failures   # rank 0 ahead (the test before it) is exact, and passes
+    message = failures[test]
+    assert message.startswith("[RES-6] rank 0 wrote its state after "), message
+    assert "was one batch ahead" in message and "the state counts another rank's batches, not rank 0's" in message
+
+
+def test_every_broken_variant_is_a_factory_of_the_examples_module_with_the_test_that_catches_it():
+    factories = {name for name, fn in inspect.getmembers(broken, inspect.isfunction)
+                 if fn.__module__ == broken.__name__}
+    assert factories == set(CATCHES)
+
+
+@pytest.mark.parametrize("variant", sorted(CATCHES))
+def test_the_profile_the_matrix_is_generated_with_catches_every_broken_variant(variant):
+    """The test that catches ``variant``, run as ``python -m conformance.matrix`` runs it, fails under its profile."""
+    test, clause = CATCHES[variant]
+    run = matrix.run_loader(variant, f"conformance.examples.broken:{variant}", profile=matrix.PROFILE, timeout=900,
+                            suites=(test_any_loader.__name__,), select=test)
+    assert run.status == "ran", (run.status, run.detail)
+    assert (run.outcomes[test].status, run.outcomes[test].clause) == ("fail", clause), run.outcomes[test]

@@ -316,16 +316,110 @@ def test_resuming_in_a_later_epoch_continues_that_epochs_stream_also_when_resume
 
 
 @st.composite
-def _topology_changes(draw, workers: bool, max_world: int) -> tuple[Topology, Topology]:
-    def one() -> Topology:
-        return Topology(world_size=draw(st.integers(1, max_world)), batch_size=draw(st.integers(1, 3)),
+def _topology_changes(draw, workers: bool, max_world: int, min_world: int = 1) -> tuple[Topology, Topology]:
+    def one(least: int) -> Topology:
+        return Topology(world_size=draw(st.integers(least, max_world)), batch_size=draw(st.integers(1, 3)),
                         num_workers=draw(st.integers(0, 2)) if workers else 0)
-    before, after = one(), one()
+    before, after = one(min_world), one(1)
     assume(before != after)
     return before, after
 
 
-@pytest.mark.clause("RES-4", "PART-3", "PART-8")
+class _LoadRaised(Exception):
+    """An exception raised by ``load_state_dict`` or the first batch after it (``exc``): a refusal or a failure."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _continue(adapter, corpus, config, topology: Topology, states: list[Any], workdir: Path) -> list[list[list[Any]]]:
+    """Every rank of ``topology`` loads its state of ``states`` and runs the rest of the pass.
+
+    An exception at a load or a first batch is raised as :class:`_LoadRaised` (the kit's own violations pass).
+    """
+    with Built(adapter, corpus, config, topology, workdir) as loaders:
+        firsts: list[Any] = []
+        try:
+            for ld, state in zip(loaders, states):
+                ld.load_state_dict(state)
+            for ld in loaders:
+                it = iter(ld)
+                firsts.append((it, next(it, None)))
+        except ClauseViolation:
+            raise
+        except Exception as exc:
+            firsts.clear()     # a partly read iterator's DataLoader workers stop now, not when the workdir is gone
+            raise _LoadRaised(exc) from exc
+        batches = [([list(first)] if first is not None else []) + [list(b) for b in it] for it, first in firsts]
+        firsts.clear()
+    return batches
+
+
+def _topology_change(adapter, corpus, config, before: Topology, after: Topology, *, k: int, restore: str,
+                     ahead: int | None, repro: dict[str, Any]) -> None:
+    """Take ``k`` steps on ``before`` (rank ``ahead`` one more), checkpoint, continue on ``after``; grade the epoch.
+
+    With a rank ahead every rank restores rank 0's state, the checkpoint's cut:
+    a rank that was ahead of rank 0 redoes its batch past the cut (it is not
+    counted as trained), and a rank behind rank 0 skips its batch (allowed as
+    lost). Rank 0's state must count rank 0's own batches (RES-6), so the run
+    resumed from it continues exactly as one resumed from rank 0's state of a
+    job whose ranks all took rank 0's count in lockstep.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        universe = _universe(adapter, corpus, config, Path(tmp))
+        with Built(adapter, corpus, config, before, Path(tmp)) as loaders:
+            iterators = [iter(ld) for ld in loaders]
+            taken = [[list(b) for b in itertools.islice(it, k + (1 if r == ahead else 0))]
+                     for r, it in enumerate(iterators)]
+            states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
+            del iterators      # a partly read iterator's DataLoader workers stop now, not when the workdir is gone
+        cut = len(taken[0])    # rank 0's count: a rank ahead of it redoes the batches past it
+        trained = pair_counts(_rows([b[:cut] if ahead is not None else b for b in taken]), epoch=0)
+        loaded = [states[0] if restore == "rank0" else states[r % before.world_size] for r in range(after.world_size)]
+        try:
+            after_batches = _continue(adapter, corpus, config, after, loaded, Path(tmp))
+        except _LoadRaised as raised:
+            exc = raised.exc
+            check(is_refusal(adapter, exc), clause="RES-4",
+                  what=f"loading the state on {after} raised {type(exc).__name__}: {exc}, which the adapter "
+                       "does not count as a refusal", repro=repro)
+            return
+        if ahead is not None:
+            with Built(adapter, corpus, config, before, Path(tmp)) as loaders:
+                iterators = [iter(ld) for ld in loaders]
+                for it in iterators:   # every rank asks for rank 0's batches (past the epoch's end too)
+                    list(itertools.islice(it, k + (1 if ahead == 0 else 0)))
+                lockstep = json.loads(json.dumps(loaders[0].state_dict()))
+                del iterators
+            if lockstep != states[0]:
+                expected = _continue(adapter, corpus, config, after, [lockstep] * after.world_size, Path(tmp))
+                for r in range(after.world_size):
+                    diff = _first_difference(after_batches[r], expected[r])
+                    check(diff is None, clause="RES-6",
+                          what=f"rank 0 wrote its state after {cut} steps while rank {ahead} was one batch ahead: "
+                               f"{states[0]!r}; resumed on {after}, rank {r} continues differently from the same "
+                               f"{cut} steps taken in lockstep (state {lockstep!r}): the state counts another rank's "
+                               f"batches, not rank 0's; first difference (step, row, resumed, lockstep): {diff}",
+                          repro=repro)
+    trained += pair_counts(_rows(after_batches), epoch=0)
+    twice = sorted(p for p, c in trained.items() if c > 1)
+    check(not twice, clause="RES-4", what=f"after resuming on {after}, {len(twice)} pairs were trained twice in the "
+                                          f"epoch, e.g. {twice[:8]}", repro=repro)
+    g1, g2 = before.world_size * before.batch_size, after.world_size * after.batch_size
+    behind = g1 if ahead == 0 else 0   # rank 0 ahead: the others skip their batch of that step
+    room = (max(g1, g2) + behind) * config.packing.seq_len
+    lost = sorted(set(universe) - set(trained))
+    check(len(lost) < room, clause="RES-4", what=f"after resuming on {after}, {len(lost)} pairs were never trained "
+                                                 f"(allowed: fewer than {room}), e.g. {lost[:8]}", repro=repro)
+    if ahead is None:
+        steps = [len(b) for b in after_batches]
+        check(len(set(steps)) <= 1, clause="PART-1", what=f"resumed ranks ran {steps} steps: a collective would hang",
+              repro=repro)
+
+
+@pytest.mark.clause("RES-4", "RES-6", "PART-3", "PART-8")
 @pytest.mark.loadspec_capability("resume")
 @given(corpus=ls.provenance_corpora(max_docs=12), data=st.data(), k=st.integers(0, 5),
        skew=st.sampled_from([0, 0, 1]), restore=st.sampled_from(["own", "rank0"]))
@@ -336,50 +430,38 @@ def test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once
     Also: every rank restoring its own state versus all restoring rank 0's,
     and rank 0 one batch ahead of the others when it wrote the checkpoint
     (``skew``, with rank 0's state: a job whose ranks each save their own
-    state out of lockstep has no consistent checkpoint to grade).
+    state out of lockstep has no consistent checkpoint to grade). The other
+    direction, the last rank ahead, is the next test.
     """
     config = data.draw(_configs(loadspec_adapter))
     before, after = data.draw(_topology_changes("workers" in loadspec_adapter.capabilities,
                                                     _max_world(loadspec_adapter, 3)))
     skew = skew if before.world_size > 1 and restore == "rank0" else 0
-    repro = _repro(corpus, config, (before, after), k=k, skew=skew, restore=restore)
-    with tempfile.TemporaryDirectory() as tmp:
-        universe = _universe(loadspec_adapter, corpus, config, Path(tmp))
-        with Built(loadspec_adapter, corpus, config, before, Path(tmp)) as loaders:
-            iterators = [iter(ld) for ld in loaders]
-            taken = [[list(b) for b in itertools.islice(it, k + (skew if r == 0 else 0))]
-                     for r, it in enumerate(iterators)]
-            states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
-            del iterators      # a partly read iterator's DataLoader workers stop now, not when the workdir is gone
-        trained = pair_counts(_rows(taken), epoch=0)
-        resumed = Built(loadspec_adapter, corpus, config, after, Path(tmp))
-        firsts: list[Any] = []
-        with resumed as loaders:
-            try:
-                for r, ld in enumerate(loaders):
-                    ld.load_state_dict(states[0] if restore == "rank0" else states[r % before.world_size])
-                for ld in loaders:
-                    it = iter(ld)
-                    firsts.append((it, next(it, None)))
-            except ClauseViolation:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a refusal is any explicit error the adapter calls one
-                firsts.clear()
-                check(is_refusal(loadspec_adapter, exc), clause="RES-4",
-                      what=f"loading the state on {after} raised {type(exc).__name__}: {exc}, which the adapter "
-                           "does not count as a refusal", repro=repro)
-                return
-            after_batches = [([list(first)] if first is not None else []) + [list(b) for b in it] for it, first in firsts]
-    trained += pair_counts(_rows(after_batches), epoch=0)
-    twice = sorted(p for p, c in trained.items() if c > 1)
-    check(not twice, clause="RES-4", what=f"after resuming on {after}, {len(twice)} pairs were trained twice in the "
-                                          f"epoch, e.g. {twice[:8]}", repro=repro)
-    g1, g2 = before.world_size * before.batch_size, after.world_size * after.batch_size
-    room = (max(g1, g2) + skew * g1) * config.packing.seq_len
-    lost = sorted(set(universe) - set(trained))
-    check(len(lost) < room, clause="RES-4", what=f"after resuming on {after}, {len(lost)} pairs were never trained "
-                                                 f"(allowed: fewer than {room}), e.g. {lost[:8]}", repro=repro)
-    if not skew:
-        steps = [len(b) for b in after_batches]
-        check(len(set(steps)) <= 1, clause="PART-1", what=f"resumed ranks ran {steps} steps: a collective would hang",
-              repro=repro)
+    _topology_change(loadspec_adapter, corpus, config, before, after, k=k, restore=restore,
+                     ahead=0 if skew else None,
+                     repro=_repro(corpus, config, (before, after), k=k, skew=skew, restore=restore))
+
+
+@pytest.mark.clause("RES-4", "RES-6", "PART-3", "PART-8")
+@pytest.mark.loadspec_capability("resume")
+@given(corpus=ls.provenance_corpora(max_docs=12), data=st.data(), k=st.integers(0, 5))
+def test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology(
+        loadspec_adapter, corpus, data, k):
+    """Lockstep skew the other way: the last rank one batch ahead of rank 0 when every rank restores rank 0's state.
+
+    Why: a loader whose rank 0 checkpoints the furthest position any rank
+    reached (a counter the ranks share) is exact while rank 0 is the one
+    ahead, and skips a step of every other rank when rank 0 lags. The last
+    rank redoes its batch past rank 0's count; nothing else may be repeated,
+    and the run continues exactly as from a lockstep checkpoint at rank 0's
+    count (RES-6), or the state is refused.
+    """
+    most = _max_world(loadspec_adapter, 3)
+    if most < 2:
+        pytest.skip(f"the adapter declares limits['max_world_size'] = {most}: lockstep skew needs two ranks in one "
+                    "process (the per-rank suite skews ranks that run as processes)")
+    config = data.draw(_configs(loadspec_adapter))
+    before, after = data.draw(_topology_changes("workers" in loadspec_adapter.capabilities, most, min_world=2))
+    _topology_change(loadspec_adapter, corpus, config, before, after, k=k, restore="rank0",
+                     ahead=before.world_size - 1,
+                     repro=_repro(corpus, config, (before, after), k=k, ahead=before.world_size - 1, restore="rank0"))

@@ -270,7 +270,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
         if isinstance(store, SplitStore):
             where = (f"split={store.notation!r} of the store at {store.path} (documents {store.rows.start} to "
-                     f"{store.rows.stop - 1}: {store.num_documents} of its {len(store.base.lengths)} documents, "
+                     f"{store.rows.stop - 1}: {store.num_documents} of its {store.base.num_documents} documents, "
                      f"{store.num_tokens} tokens)")
         require(store.num_documents > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
         totals = self._kept_totals()

@@ -156,8 +156,6 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self.streams = None if streams is None else tuple(streams)
         self.epoch_size = epoch_size
         self.batching_method = batching_method
-        self.global_batch_size = global_batch_size
-        self.device_batch_size = device_batch_size
         require(streams is None or (weights is None and weight_fn is None), ConfigError,
                 "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
         require(streams is not None or (epoch_size is None and batching_method == "random" and global_batch_size is None
@@ -165,7 +163,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 "epoch_size, batching_method and the batch sizes apply to streams; pass "
                 "streams=[StreamConfig(...), ...] with them")
         if streams is not None:
-            check_batching(batching_method, global_batch_size, device_batch_size)
+            global_batch_size, device_batch_size = check_batching(batching_method, global_batch_size,
+                                                                  device_batch_size)
+        self.global_batch_size = global_batch_size
+        self.device_batch_size = device_batch_size
         sizes = {k: v for k, v in (("global_batch_size", global_batch_size), ("device_batch_size", device_batch_size))
                  if v is not None}
         if weight_fn is None:

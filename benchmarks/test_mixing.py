@@ -17,6 +17,12 @@ isolates the cost of mixing.
   (it does vary with how many sources the batch at that position draws from:
   near the end of an ``all_exhausted`` epoch the heavier sources have run out;
   ``sources_in_batch`` in ``extra_info``);
+- resume against one source: the same path at 90 % of the epoch for one
+  ``PackedDataset`` over the whole store (``single``), the 2-source mixture
+  with its plan cached on disk (``mix-2src``, warm as after the job's first
+  run) and with ``cache_dir=False`` (``mix-2src-nocache``: the plan built by
+  every resume); the mixture's extra over ``single`` is its splits and its
+  plan;
 - throughput: ``TPUT_TOKENS`` tokens of batches of ``TPUT_BATCH`` from
   position 0 (no workers), mixture and single dataset alike; tokens/s in
   ``extra_info`` (the 10 % target is read from the report, never asserted).
@@ -33,7 +39,7 @@ from benchmarks.workloads import POSITIONS, RESUME_BATCH, SEQ_LEN, TPUT_BATCH, T
 SOURCES = (2, 4)
 
 
-def _mixture(corpus: Corpus, k: int):
+def _mixture(corpus: Corpus, k: int, *, cache: bool = True):
     from impl.dataset import PackedDataset
     from impl.mixed_dataset import MixedDataset
     from impl.store import TokenStore
@@ -43,7 +49,8 @@ def _mixture(corpus: Corpus, k: int):
     sources = [PackedDataset(store, seq_len=SEQ_LEN, packing="concat", shuffle="global", seed=i,
                              split=(cuts[i], cuts[i + 1]))
                for i in range(k)]
-    return MixedDataset(sources, weights=tuple(float(i + 1) for i in range(k)), stopping="all_exhausted", seed=7)
+    return MixedDataset(sources, weights=tuple(float(i + 1) for i in range(k)), stopping="all_exhausted", seed=7,
+                        cache_dir=None if cache else False)
 
 
 @pytest.mark.parametrize("k", SOURCES, ids=lambda k: f"mix-plan-{k}src")
@@ -52,7 +59,7 @@ def test_mixing_plan_build(benchmark, k: int, corpus: Corpus, smoke: bool):
     held: dict = {}
 
     def setup():
-        mixed = _mixture(corpus, k)
+        mixed = _mixture(corpus, k, cache=False)   # the build itself, not a read of the cached plan
         mixed.source_sizes(0)
         return (mixed,), {}
 
@@ -96,6 +103,37 @@ def test_mixing_resume(benchmark, k: int, position: float, corpus: Corpus, smoke
     benchmark.extra_info["sources_in_batch"] = len(set(batch["source"].tolist()))
     got = (int(batch["source"][0]), int(batch["source_index"][0]))
     assert int(batch["sample_index"][0]) == n and got == expected, f"resumed at {got}, expected {expected}"
+
+
+@pytest.mark.parametrize("case", ("single", "mix-2src", "mix-2src-nocache"), ids=lambda c: f"resume-vs-{c}")
+def test_mixing_resume_against_one_source(benchmark, case: str, corpus: Corpus, smoke: bool):
+    benchmark.group = "mixing-resume-vs-single"
+    held: dict = {}
+
+    def dataset():
+        return harness.impl_dataset(corpus) if case == "single" else _mixture(corpus, 2, cache=case == "mix-2src")
+
+    probe = dataset()
+    total = probe.num_samples(0)   # builds (and for mix-2src caches) the epoch's plan, as the job's first run did
+    n = int(0.9 * total) // RESUME_BATCH * RESUME_BATCH
+    state = harness.impl_state(harness.impl_loader(probe, batch_size=RESUME_BATCH), n)
+    del probe
+
+    def setup():
+        held.clear()
+        return (), {}
+
+    def target():
+        loader = harness.impl_loader(dataset(), batch_size=RESUME_BATCH)
+        loader.load_state_dict(state)
+        held["batch"] = next(iter(loader))
+
+    benchmark.extra_info.update(kind="mixing-resume-vs-single", case=case, position=0.9, size=corpus.size, index=n,
+                                total=total, batch=RESUME_BATCH,
+                                timed="TokenStore.open -> PackedDataset(s) -> [MixedDataset] -> build_dataloader -> "
+                                      "load_state_dict -> first batch")
+    benchmark.pedantic(target, setup=setup, rounds=1 if smoke else 9, warmup_rounds=0 if smoke else 1)
+    assert int(held["batch"]["sample_index"][0]) == n
 
 
 @pytest.mark.parametrize("k", (1, *SOURCES), ids=lambda k: "mix-tput-single" if k == 1 else f"mix-tput-{k}src")

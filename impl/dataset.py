@@ -149,8 +149,9 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         for name, value in (("seq_len", seq_len), ("seed", seed), ("window", window), ("pack_window", pack_window),
                             ("stride", stride), ("min_len", min_len), ("epoch", epoch)):
             check_bounded(name, value)   # before the configs exist: their own checks would name the bounds less well
-        if pad_id is not None:
-            check_bounded("pad_id", pad_id)
+        if pad_id is None:   # the store's pad id, else its eos id, else 0 (the tokenizer's ids, set at build)
+            pad_id = next((i for i in (opened.pad_id, opened.eos_id) if i is not None), 0)
+        check_bounded("pad_id", pad_id)
         require(packing in MODES, ConfigError,
                 f"packing={packing!r} is not a packing mode; choose one of {', '.join(MODES)}")
         if shuffle == "buffer":
@@ -163,9 +164,6 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             require(wanted is not True or ident is not None, ConfigError,
                     f"{name}=True but the store at {opened.path} has no {token.lower()}_id (its tokenizer defines no "
                     f"{token} token); set {name}=False, or rebuild the store with a tokenizer that has a {token} token")
-        if pad_id is None:
-            pad_id = next((i for i in (opened.pad_id, opened.eos_id) if i is not None), 0)
-            check_bounded("pad_id", pad_id)
         config = PipelineConfig(
             packing=PackingConfig(seq_len=seq_len, mode=cast(Mode, packing), window=pack_window,
                                   overflow=cast(Overflow, overflow), stride=stride,
@@ -270,7 +268,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
         if isinstance(store, SplitStore):
             where = (f"split={store.notation!r} of the store at {store.path} (documents {store.rows.start} to "
-                     f"{store.rows.stop - 1}: {store.num_documents} of its {len(store.base.lengths)} documents, "
+                     f"{store.rows.stop - 1}: {store.num_documents} of its {store.base.num_documents} documents, "
                      f"{store.num_tokens} tokens)")
         require(store.num_documents > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
         totals = self._kept_totals()

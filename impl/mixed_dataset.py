@@ -17,6 +17,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -32,6 +33,7 @@ from impl.errors import ConfigError, TopologyError, is_integer, require
 from impl.fill import TokenSource, fill_batch
 from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.mixing import MixPlan, balance_remaining, check_distinct_sources, check_mixture_weights, mix_plan
+from impl.plan_cache import PlanCache, mix_plan_key, plan_cache_dir
 from impl.schema import BATCH_FIELDS as FIELDS
 from impl.schema import padding_rows
 from impl.streams import check_batching, stream_plan
@@ -105,7 +107,12 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     is that source's sample of the same epoch (each source keeps its own
     order and packing). Workers need no state: the epoch's plan is a pure
     function of the sources' sizes, the config and the epoch (two plans are
-    kept in memory).
+    kept in memory, and each is cached on disk as a ``PackedDataset``'s is:
+    ``impl.plan_cache``, keyed by ``plan_key``, so a resuming process or a
+    worker reads it instead of computing it). ``cache_dir`` as
+    ``PackedDataset``'s: ``None`` caches in the first source's store's
+    ``.plans`` (else the user cache), a path caches there, ``False`` keeps
+    plans in memory only.
 
     What a weight is (MIX-19): each step draws a source with probability
     its weight over the weights of the sources it may still draw, so a
@@ -131,7 +138,8 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                  stopping: str = "first_exhausted", seed: int = 0, weight_fn: WeightFn | None = None,
                  end: str = "drop_last", epoch: int = 0, streams: Sequence[StreamConfig] | None = None,
                  epoch_size: int | None = None, batching_method: str = "random", global_batch_size: int | None = None,
-                 device_batch_size: int | None = None, allow_repeat: bool = False) -> None:
+                 device_batch_size: int | None = None, allow_repeat: bool = False,
+                 cache_dir: str | os.PathLike[str] | None | bool = None) -> None:
         require(isinstance(sources, (list, tuple)) and len(sources) >= 1, ConfigError,
                 f"sources={sources!r} must be a non-empty list of datasets")
         require(stopping in STOPPING_STRATEGIES, ConfigError,
@@ -148,8 +156,6 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self.streams = None if streams is None else tuple(streams)
         self.epoch_size = epoch_size
         self.batching_method = batching_method
-        self.global_batch_size = global_batch_size
-        self.device_batch_size = device_batch_size
         require(streams is None or (weights is None and weight_fn is None), ConfigError,
                 "streams set each source's share of the epoch; pass weights=None and weight_fn=None with them")
         require(streams is not None or (epoch_size is None and batching_method == "random" and global_batch_size is None
@@ -157,7 +163,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 "epoch_size, batching_method and the batch sizes apply to streams; pass "
                 "streams=[StreamConfig(...), ...] with them")
         if streams is not None:
-            check_batching(batching_method, global_batch_size, device_batch_size)
+            global_batch_size, device_batch_size = check_batching(batching_method, global_batch_size,
+                                                                  device_batch_size)
+        self.global_batch_size = global_batch_size
+        self.device_batch_size = device_batch_size
         sizes = {k: v for k, v in (("global_batch_size", global_batch_size), ("device_batch_size", device_batch_size))
                  if v is not None}
         if weight_fn is None:
@@ -197,6 +206,8 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                 None if streams is None else {"streams": [dataclasses.asdict(x) for x in streams],
                                               "epoch_size": epoch_size, "batching_method": batching_method, **sizes}))
             self._pad = None
+        self._source_prints = prints
+        self._plan_cache = PlanCache(plan_cache_dir(cache_dir, _first_store_path(self.sources)))
         self._plans: collections.OrderedDict[int, MixPlan] = collections.OrderedDict()
         self._shape = self._check_shapes()
         self._packing = _shared_packing(self.sources)
@@ -260,18 +271,45 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         epoch = int(epoch)
         plan = self._plans.get(epoch)
         if plan is None:
-            if self.streams is not None:
-                plan = stream_plan(self.source_sizes(epoch), self.streams, self.mix_config.seed, epoch,
-                                   epoch_size=self.epoch_size, batching_method=self.batching_method,
-                                   global_batch_size=self.global_batch_size, device_batch_size=self.device_batch_size)
+            sizes = self.source_sizes(epoch)
+            key = self.plan_key(epoch, sizes)
+            if key is None:
+                plan = self.compute_plan(epoch, sizes)
             else:
-                plan = mix_plan(self.source_sizes(epoch), self.mix_config, epoch, weight_fn=self.weight_fn)
+                plan = self._plan_cache.load_or_compute_mix(
+                    key, sizes, lambda: self.compute_plan(epoch, sizes),
+                    {"epoch": epoch, "source_sizes": sizes, "mixture_fingerprint": self.fingerprint})
             self._plans[epoch] = plan
             while len(self._plans) > 2:
                 self._plans.popitem(last=False)
         else:
             self._plans.move_to_end(epoch)
         return plan
+
+    def compute_plan(self, epoch: int, sizes: Sequence[int]) -> MixPlan:
+        """Epoch ``epoch``'s plan computed now (no cache): ``stream_plan`` for streams, else ``mix_plan``."""
+        if self.streams is not None:
+            return stream_plan(sizes, self.streams, self.mix_config.seed, epoch, epoch_size=self.epoch_size,
+                               batching_method=self.batching_method, global_batch_size=self.global_batch_size,
+                               device_batch_size=self.device_batch_size)
+        return mix_plan(sizes, self.mix_config, epoch, weight_fn=self.weight_fn)
+
+    def plan_key(self, epoch: int, sizes: Sequence[int]) -> str | None:
+        """sha256 naming epoch ``epoch``'s cached plan (``impl.plan_cache.mix_plan_key``); None: not cached.
+
+        A ``weight_fn`` other than ``balance_remaining`` is arbitrary code
+        (its name does not say what it computes), so its plans are never
+        cached.
+        """
+        if self.weight_fn is not None and self.weight_fn is not balance_remaining:
+            return None
+        m = self.mix_config
+        return mix_plan_key(source_fingerprints=self._source_prints, source_sizes=sizes, epoch=epoch,
+                            weights=m.weights, stopping=m.stopping, seed=m.seed,
+                            weight_fn=None if self.weight_fn is None else "impl.mixing.balance_remaining",
+                            streams=None if self.streams is None else [dataclasses.asdict(x) for x in self.streams],
+                            epoch_size=self.epoch_size, batching_method=self.batching_method,
+                            global_batch_size=self.global_batch_size, device_batch_size=self.device_batch_size)
 
     def num_samples(self, epoch: int) -> int:
         return len(self.plan(epoch).source)
@@ -535,6 +573,15 @@ def _describe(source: Any) -> str:
         return type(source).__name__
     split = getattr(store, "notation", None)
     return f"{type(source).__name__} over " + (f"split={split!r} of " if split else "") + f"the store at {store.path}"
+
+
+def _first_store_path(sources: Sequence[Any]) -> Any:
+    """The path of the first source's store (the mixture's plans go to its ``.plans``, as its own do), or None."""
+    for src in sources:
+        path = getattr(getattr(src, "store", None), "path", None)
+        if isinstance(path, (str, os.PathLike)):
+            return path
+    return None
 
 
 def _name(fn: Any) -> str | None:

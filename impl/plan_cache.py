@@ -4,7 +4,9 @@
 interface: the plan named by ``entry.key`` from the cache when its files are
 intact, else ``compute()``'s, written for the next process (PACK-20).
 ``impl.dataset.PackedDataset`` names its plans (:func:`plan_key`) and keeps
-the last ones in memory; this module owns the files.
+the last ones in memory; this module owns the files. A mixture's plan
+(``impl.mixing.MixPlan``, named by :func:`mix_plan_key`) is cached the same
+way by ``PlanCache.load_or_compute_mix``, checked whole when read.
 
 Layout: one flat int64 ``.npy`` plus a JSON sidecar holding its size, field
 layout and one CRC-32 per ``PLAN_BLOCK`` values, written atomically (the
@@ -35,7 +37,7 @@ import mmap
 import os
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,17 +47,22 @@ import numpy as np
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl._crc import crc32
 from impl.errors import ConfigError, require
+from impl.mixing import MixPlan
 from impl.packing import BIN_FIELDS, STREAM_FIELDS, PackPlan, PlanCorruptError
 from reference.packing import STREAM_MODES
 from reference.resume import PipelineConfig, canonical_json
 
-__all__ = ["PLAN_BLOCK", "PLAN_FORMAT", "PLAN_RELEVANT", "PLAN_VERSION", "PlanCache", "PlanEntry", "plan_cache_dir",
-           "plan_key", "refuse_file_cache_dir"]
+__all__ = ["MIX_PLAN_FORMAT", "MIX_PLAN_VERSION", "PLAN_BLOCK", "PLAN_FORMAT", "PLAN_RELEVANT", "PLAN_VERSION",
+           "PlanCache", "PlanEntry", "mix_plan_key", "plan_cache_dir", "plan_key", "refuse_file_cache_dir"]
 
 PLAN_FORMAT = "loadspec.plan"
 PLAN_VERSION = 4
 PLAN_BLOCK = 1 << 13
 """int64 values per checksummed block of a cached plan (64 KiB): the unit a fresh loader verifies on first use."""
+MIX_PLAN_FORMAT = "loadspec.mixplan"
+MIX_PLAN_VERSION = 1
+MIX_FIELDS = ("source", "item")
+"""A mixture's plan (``impl.mixing.MixPlan``) as the cache lays it out: the two arrays, in this order."""
 PLAN_RELEVANT = ("seq_len", "mode", "window", "overflow", "stride", "bos_on_continuation", "add_bos", "add_eos",
                  "min_len")
 """The ``PackingConfig`` fields a plan depends on (the others are written by the fill): part of :func:`plan_key`."""
@@ -74,6 +81,36 @@ def plan_key(store_fingerprint: str, config: PipelineConfig, plan_epoch: int) ->
     packing = {name: getattr(config.packing, name) for name in PLAN_RELEVANT}
     payload = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "store": store_fingerprint,
                "ordering": ordering, "packing": packing, "epoch": plan_epoch}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def mix_plan_key(*, source_fingerprints: Sequence[str], source_sizes: Sequence[int], epoch: int,
+                 weights: Sequence[float] | None, stopping: str, seed: int, weight_fn: str | None,
+                 streams: Sequence[Mapping[str, Any]] | None, epoch_size: int | None, batching_method: str,
+                 global_batch_size: int | None, device_batch_size: int | None) -> str:
+    """sha256 naming a mixture's epoch plan: every input of ``mix_plan`` / ``stream_plan``, the sources, the format.
+
+    The plan is a pure function of the sources' sizes, the mixing (or
+    streams) config and the epoch; the sources' fingerprints (store and
+    pipeline) name the data the sizes came from, so two mixtures share an
+    entry only when they mix the same data. Nothing of the topology enters:
+    the plan is the same on every rank and every world size. ``weight_fn``
+    is the name of a weight function whose code the cache knows (only
+    ``impl.mixing.balance_remaining``); other callables are not cached.
+
+    >>> key = dict(source_fingerprints=["a" * 64, "b" * 64], source_sizes=[3, 2], epoch=0, weights=None,
+    ...            stopping="all_exhausted", seed=0, weight_fn=None, streams=None, epoch_size=None,
+    ...            batching_method="random", global_batch_size=None, device_batch_size=None)
+    >>> mix_plan_key(**key) == mix_plan_key(**dict(key, epoch=1))
+    False
+    """
+    payload = {"format": MIX_PLAN_FORMAT, "version": MIX_PLAN_VERSION, "sources": list(source_fingerprints),
+               "sizes": [int(n) for n in source_sizes], "epoch": int(epoch),
+               "weights": None if weights is None else [float(w) for w in weights], "stopping": stopping,
+               "seed": int(seed), "weight_fn": weight_fn,
+               "streams": None if streams is None else [dict(x) for x in streams], "epoch_size": epoch_size,
+               "batching_method": batching_method, "global_batch_size": global_batch_size,
+               "device_batch_size": device_batch_size}
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
@@ -114,12 +151,12 @@ def _writable_dir(path: Path) -> bool:
     return os.access(path, os.W_OK | os.X_OK)
 
 
-def plan_cache_dir(cache_dir: Any, store_path: str | os.PathLike[str]) -> Path | None:
+def plan_cache_dir(cache_dir: Any, store_path: str | os.PathLike[str] | None) -> Path | None:
     """The directory plans are cached in: ``cache_dir`` when given, else ``<store>/.plans``, else the user cache.
 
     ``cache_dir=False`` keeps plans in memory only (None); ``None`` or
-    ``True`` picks the first writable of the store's ``.plans`` (not for a
-    remote store, whose path is a URL) and
+    ``True`` picks the first writable of the store's ``.plans`` (when there
+    is a store and it is not remote, whose path is a URL) and
     ``$XDG_CACHE_HOME/loadspec/plans`` (None when neither is); a path must
     be a writable directory (created if missing).
     """
@@ -132,8 +169,9 @@ def plan_cache_dir(cache_dir: Any, store_path: str | os.PathLike[str]) -> Path |
                 "cache_dir=False to keep plans in memory only")
         return path
     # A remote store's path is its URL (``s3://bucket/store``), no directory here: plans go to the user cache.
-    remote = re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", os.fspath(store_path)) is not None
-    for candidate in ((_user_cache_dir(),) if remote else (Path(store_path) / ".plans", _user_cache_dir())):
+    remote = store_path is not None and re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", os.fspath(store_path)) is not None
+    candidates = [_user_cache_dir()] if store_path is None or remote else [Path(store_path) / ".plans", _user_cache_dir()]
+    for candidate in candidates:
         if _writable_dir(candidate):
             return candidate
     return None
@@ -228,11 +266,10 @@ class PlanCache:
             expected = _sidecar_expected(entry)
             if any(meta.get(k) != v for k, v in expected.items()):
                 return None
-            flat = _map_npy(npy, meta["values"], meta["npy_bytes"])   # None unless the file has that size
-            layout, crcs = meta["fields"], meta["block_crc32"]
-            if (flat is None or sum(n for _, _, n in layout) != len(flat)
-                    or len(crcs) != -(-len(flat) // PLAN_BLOCK)):
+            mapped = _map_flat(meta, npy)
+            if mapped is None:
                 return None
+            flat, layout, crcs = mapped
             arrays = {name: flat[at:at + n] for name, at, n in layout}
             verify = _BlockCheck(flat, {name: at for name, at, _ in layout}, crcs)
             return PackPlan(entry.mode, entry.seq_len, arrays, verify=verify,
@@ -242,6 +279,72 @@ class PlanCache:
             return None
         except (OSError, ValueError, KeyError, TypeError, ConfigError):
             return None
+
+
+    # ------------------------------------------------------------ a mixture's plan
+
+    def load_or_compute_mix(self, key: str, source_sizes: Sequence[int], compute: Callable[[], MixPlan],
+                            provenance: Mapping[str, Any]) -> MixPlan:
+        """The mixture plan named ``key`` (:func:`mix_plan_key`) from its files when intact, else ``compute()``'s.
+
+        Why the whole file is checked on read, not block by block as a
+        ``PackPlan``: a mixture plan is two arrays that the mixture indexes
+        directly; at a million documents (~320k samples of 2048 tokens) it is
+        5 MB, a millisecond of CRC, where computing it costs tens of
+        milliseconds (seconds with ``balance_remaining``). A file that fails
+        any check (sidecar, size, header, a block's CRC-32, a source or item
+        out of range) is recomputed and rewritten, never served.
+        """
+        paths = self.paths(key)
+        if paths is None:
+            return compute()
+        plan = _read_mix(key, source_sizes, *paths)
+        if plan is not None:
+            return plan
+        try:
+            with file_lock(lock_path_for(paths[0])):
+                plan = _read_mix(key, source_sizes, *paths)
+                if plan is None:
+                    plan = compute()
+                    _write_flat(_mix_expected(key), {"source": plan.source, "item": plan.item}, *paths, provenance)
+        except OSError as exc:
+            warnings.warn(f"could not cache the mixture's epoch plan in {self.directory} ({exc}); keeping it in "
+                          "memory. Pass a writable cache_dir to share plans across processes", RuntimeWarning,
+                          stacklevel=3)
+            plan = compute()
+        return plan
+
+
+def _mix_expected(key: str) -> dict[str, Any]:
+    return {"format": MIX_PLAN_FORMAT, "version": MIX_PLAN_VERSION, "key": key, "block": PLAN_BLOCK}
+
+
+def _read_mix(key: str, source_sizes: Sequence[int], npy: Path, sidecar: Path) -> MixPlan | None:
+    """The cached mixture plan when every check passes (see ``PlanCache.load_or_compute_mix``), else None."""
+    try:
+        meta = json.loads(sidecar.read_bytes())
+        if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in _mix_expected(key).items()):
+            return None
+        mapped = _map_flat(meta, npy)
+        if mapped is None:
+            return None
+        flat, layout, crcs = mapped
+        n = len(flat) // 2
+        if [list(x) for x in layout] != [["source", 0, n], ["item", n, n]]:
+            return None
+        for b, expected in enumerate(crcs):
+            if crc32(flat[b * PLAN_BLOCK:(b + 1) * PLAN_BLOCK].data) != expected:
+                warnings.warn(f"the cached mixture plan {npy} is corrupt (block {b} failed its CRC-32); recomputing it",
+                              RuntimeWarning, stacklevel=4)
+                return None
+        source, item = flat[:n], flat[n:]
+        sizes = np.asarray([int(x) for x in source_sizes], dtype=np.int64)
+        if n and not (0 <= int(source.min()) and int(source.max()) < len(sizes) and int(item.min()) >= 0
+                      and bool((item < sizes[source]).all())):
+            return None
+        return MixPlan(source, item)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _sidecar_expected(entry: PlanEntry) -> dict[str, Any]:
@@ -257,7 +360,15 @@ def _write(entry: PlanEntry, plan: PackPlan, npy: Path, sidecar: Path) -> None:
     CRC the first time it reads from the block.
     """
     fields = STREAM_FIELDS if plan.mode in STREAM_MODES else BIN_FIELDS
-    arrays = [np.asarray(plan.arrays[name], dtype=np.int64) for name in fields]
+    _write_flat(_sidecar_expected(entry), {name: plan.arrays[name] for name in fields}, npy, sidecar,
+                entry.provenance)
+
+
+def _write_flat(expected: Mapping[str, Any], named: Mapping[str, np.ndarray], npy: Path, sidecar: Path,
+                provenance: Mapping[str, Any]) -> None:
+    """``named``'s arrays as one flat int64 ``.npy``, then its sidecar: ``expected``, layout, size, block CRC-32s."""
+    fields = list(named)
+    arrays = [np.asarray(named[name], dtype=np.int64) for name in fields]
     flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
     buf = io.BytesIO()
     np.save(buf, flat, allow_pickle=False)
@@ -268,9 +379,18 @@ def _write(entry: PlanEntry, plan: PackPlan, npy: Path, sidecar: Path) -> None:
         layout.append([name, at, len(arr)])
         at += len(arr)
     blocks = [crc32(flat[i:i + PLAN_BLOCK].data) for i in range(0, len(flat), PLAN_BLOCK)]
-    meta = dict(_sidecar_expected(entry), fields=layout, npy_bytes=len(data), values=len(flat), block_crc32=blocks,
-                **entry.provenance)
+    meta = dict(expected, fields=layout, npy_bytes=len(data), values=len(flat), block_crc32=blocks, **provenance)
     atomic_write_json(sidecar, meta)
+
+
+def _map_flat(meta: Mapping[str, Any], npy: Path) -> tuple[np.ndarray, list[list[Any]], list[int]] | None:
+    """``(values, field layout, block CRC-32s)`` of the ``.npy`` its sidecar ``meta`` describes; None unless they agree."""
+    flat = _map_npy(npy, meta["values"], meta["npy_bytes"])   # None unless the file has that size
+    layout, crcs = meta["fields"], meta["block_crc32"]
+    if (flat is None or sum(n for _, _, n in layout) != len(flat)
+            or len(crcs) != -(-len(flat) // PLAN_BLOCK)):
+        return None
+    return flat, layout, crcs
 
 
 @functools.lru_cache(maxsize=16)

@@ -97,7 +97,7 @@ class SplitStore:
                 "a split of a split is not supported; split the base store once with the combined bounds")
         self.base = base
         self.bounds = (bounds[0], bounds[1])
-        self.rows = resolve_rows(bounds[0], bounds[1], len(base.lengths))
+        self.rows = resolve_rows(bounds[0], bounds[1], int(base.num_documents))   # base.lengths would diff every offset
         a, b = self.rows.start, self.rows.stop
         starts = np.asarray(base.file_document_starts, dtype=np.int64)
         first = np.clip(starts[:-1], a, b)
@@ -173,7 +173,7 @@ class SplitStore:
 
     @property
     def num_empty_documents(self) -> int:
-        return int(np.count_nonzero(self.lengths == 0))
+        return int(np.count_nonzero(self._doc_offsets[1:] == self._doc_offsets[:-1]))   # the split's rows only
 
     # ------------------------------------------------------------ documents and tokens
 

@@ -28,7 +28,8 @@ from impl.errors import ConfigError, is_integer, require
 from impl.mixing import MixPlan, mix_plan
 from reference.mixing import MixConfig
 from reference.rng import GOLDEN_GAMMA, MASK64, Stream
-from reference.streams import BATCHING_METHODS, StreamConfig
+from reference.streams import StreamConfig
+from reference.streams import check_batching as reference_check_batching
 
 __all__ = ["StreamConfig", "check_batching", "stratified_counts", "stream_counts", "stream_plan"]
 
@@ -79,34 +80,21 @@ def stream_counts(source_sizes: Sequence[int], streams: Sequence[StreamConfig], 
     return counts
 
 
-def check_batching(batching_method: str, global_batch_size: int | None, device_batch_size: int | None) -> None:
-    """``reference.streams.check_batching`` (MIX-16): each batching method with exactly the batch sizes it composes."""
-    require(batching_method in BATCHING_METHODS, ConfigError,
-            f"batching_method={batching_method!r} is not one of {BATCHING_METHODS}")
-    for name, value in (("global_batch_size", global_batch_size), ("device_batch_size", device_batch_size)):
-        require(value is None or (is_integer(value) and value >= 1), ConfigError,
-                f"{name}={value!r} must be an integer >= 1, or None")
-    if batching_method == "random":
-        require(global_batch_size is None and device_batch_size is None, ConfigError,
-                "batching_method='random' does not depend on the batch size; pass global_batch_size=None and "
-                "device_batch_size=None, or choose 'stratified', 'per_stream' or 'device_per_stream'")
-        return
-    require(global_batch_size is not None, ConfigError,
-            f"batching_method={batching_method!r} composes every global batch, so it needs global_batch_size= "
-            "(samples per step over all ranks: world_size // replication x batch_size); pass it with the streams")
-    assert global_batch_size is not None
-    if batching_method != "device_per_stream":
-        require(device_batch_size is None, ConfigError,
-                f"device_batch_size={device_batch_size} applies to batching_method='device_per_stream' only; "
-                "pass device_batch_size=None")
-        return
-    require(device_batch_size is not None, ConfigError,
-            "batching_method='device_per_stream' draws every device batch from one stream, so it needs "
-            "device_batch_size= (one rank's batch_size); pass it with global_batch_size")
-    assert device_batch_size is not None
-    require(global_batch_size % device_batch_size == 0, ConfigError,
-            f"device_batch_size={device_batch_size} must divide global_batch_size={global_batch_size} (a global "
-            "batch is world_size // replication device batches)")
+def check_batching(batching_method: str, global_batch_size: int | None,
+                   device_batch_size: int | None) -> tuple[int | None, int | None]:
+    """``reference.streams.check_batching`` (MIX-16) after numpy integers become ints; the sizes as ints.
+
+    Why one owner: the rule (each batching method with exactly the batch
+    sizes it composes) and its messages are the reference's; impl only
+    accepts the numpy integer scalars that sizes read from arrays are, which
+    would otherwise reach the fingerprint's JSON.
+
+    >>> check_batching("device_per_stream", np.int64(8), np.int64(2))
+    (8, 2)
+    """
+    g, d = (int(v) if v is not None and is_integer(v) else v for v in (global_batch_size, device_batch_size))
+    reference_check_batching(batching_method, g, d)
+    return g, d
 
 
 def stratified_counts(counts: Sequence[int], global_batch_size: int) -> list[int]:
@@ -183,7 +171,7 @@ def stream_plan(source_sizes: Sequence[int], streams: Sequence[StreamConfig], se
     >>> list(zip(plan.source.tolist(), plan.item.tolist()))
     [(1, 0), (1, 1), (0, 0), (0, 1), (0, 2), (0, 3)]
     """
-    check_batching(batching_method, global_batch_size, device_batch_size)
+    global_batch_size, device_batch_size = check_batching(batching_method, global_batch_size, device_batch_size)
     sizes = [int(n) for n in source_sizes]
     counts = stream_counts(sizes, streams, epoch_size)
     if not any(counts):

@@ -379,6 +379,28 @@ def test_bad_streams_are_refused_with_the_fix(two_corpora):
                             mentions=["global_batch_size="])
 
 
+@pytest.mark.clause("MIX-16")
+def test_numpy_integer_batch_sizes_give_the_mixture_of_the_same_ints_and_bad_ones_the_references_message(two_corpora):
+    web, code = two_corpora
+    streams = [StreamConfig(), StreamConfig()]
+    plain = MixedDataset([web, code], streams=streams, batching_method="device_per_stream", global_batch_size=4,
+                         device_batch_size=2, cache_dir=False)
+    numpy = MixedDataset([web, code], streams=streams, batching_method="device_per_stream",
+                         global_batch_size=np.int64(4), device_batch_size=np.int32(2), cache_dir=False)
+    assert_equal((numpy.fingerprint, numpy.plan(0).source.tolist()), (plain.fingerprint, plain.plan(0).source.tolist()),
+                 clause="MIX-16", what="the mixture built from numpy integer batch sizes")
+    for g, d in ((np.int64(4), np.int64(3)), (np.int64(0), None), (True, None)):
+        try:
+            ref_streams.check_batching("device_per_stream" if d else "per_stream", g if g is True else int(g),
+                                       None if d is None else int(d))
+        except ConfigError as exc:
+            expected = str(exc)
+        assert_raises_typed(ConfigError, MixedDataset, [web, code], streams=streams,
+                            batching_method="device_per_stream" if d else "per_stream", global_batch_size=g,
+                            device_batch_size=d, clause="MIX-16", what=f"global_batch_size={g!r}, device={d!r}",
+                            mentions=[expected])
+
+
 # ---------------------------------------------------------------- what a mixture refuses (MIX-17, MIX-18), shares (MIX-19)
 
 

@@ -216,3 +216,17 @@ def test_a_mixture_of_splits_reports_each_source_stores_own_document_indices_lik
     web_ids = {d for s, ids in got if s == 0 for d in ids if d >= 0}
     check(bool(web_ids) and min(web_ids) >= 9, clause="SPLIT-9",
           what=f"web ids {sorted(web_ids)}: the split starts at store row 9, so its ids are store rows 9..17")
+
+
+@pytest.mark.clause("SPLIT-8")
+def test_a_split_dataset_counts_its_empty_documents_without_reading_every_length_of_the_store(workdir, monkeypatch):
+    from impl.store import TokenStore
+
+    corpus = [[[1, 2], [], [3, 4, 5]], [[], [], [6]], [[7, 8], []]]
+    store = TokenStore.open(build_store(corpus, workdir).path)
+    monkeypatch.setattr(TokenStore, "lengths", property(lambda self: pytest.fail("the whole store's lengths were read")))
+    for a, b in ((0, 3), (2, 6), (4, 8)):
+        view = slice_store(store, a, b)
+        expected = [len(d) for f in corpus for d in f][a:b].count(0)
+        assert_equal(view.num_empty_documents, expected, clause="SPLIT-8", what=f"empty documents of rows {a}:{b}")
+        PackedDataset(view, seq_len=2, packing="concat")

@@ -137,16 +137,22 @@ class _Tokens:
     def __call__(self, g: int) -> np.ndarray:
         arr = self.rows.get(g)
         if arr is not None:
+            self.rows.move_to_end(g)
             return arr
         u = int(np.searchsorted(self.ds._starts, g, side="right")) - 1
+        first = int(self.ds._starts[u])
         unit = self.units.get(u)
         if unit is None:
-            first = int(self.ds._starts[u])
             ids = self.encode(self.unit_texts(u))
             unit = self.units[u] = {first + r: self.prepare(t) for r, t in enumerate(ids)}
-        arr = unit.pop(g)
-        if not unit:
-            del self.units[u]
+        if g in unit:
+            arr = unit.pop(g)
+            if not unit:
+                del self.units[u]
+        else:
+            # Row g was handed out before and has left the row cache (a long row a lane is still packing, while
+            # other lanes read many short ones): read its unit again and keep only that row.
+            arr = self.prepare(self.encode(self.unit_texts(u))[g - first])
         self.rows[g] = arr
         while len(self.rows) > 4 * self.ds.config.num_lanes + 16:
             self.rows.popitem(last=False)

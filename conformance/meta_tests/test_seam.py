@@ -33,7 +33,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     # repeat_message / zero_weight_message word MIX-17/18's refusals (error text); deciding them is impl's own.
     "reference.mixing": frozenset({"MixConfig", "MixState", "STOPPING_STRATEGIES", "WeightFn", "repeat_message",
                                    "zero_weight_message"}),
-    "reference.streams": frozenset({"StreamConfig", "BATCHING_METHODS"}),
+    # check_batching validates the batching options (MIX-16's refusals: configuration); the methods are impl's own.
+    "reference.streams": frozenset({"StreamConfig", "BATCHING_METHODS", "check_batching"}),
     "reference.bucketing": frozenset({"BucketConfig"}),
     "reference.sharding": frozenset({"ShardConfig", "MODES", "UNEVEN_POLICIES", "FILE_MODES"}),
     # parse_bounds reads split notation into its written bounds (configuration syntax); resolving them is impl's own.

@@ -190,8 +190,9 @@ class TokenSource:
             whose = owners[files]
             for k, rows in _groups(whose):
                 pick = slice(None) if rows is None else rows
-                part_docs = None if docs is None else docs[pick] - doc_base[k]
-                parts[k].gather(out, locals_[files[pick]], starts[pick], stops[pick], dest[pick], tail, part_docs)
+                part_files = locals_[files[pick]]   # docs are file-local: the part's own ids for its gather
+                part_docs = None if docs is None else docs[pick] + parts[k]._starts[part_files]
+                parts[k].gather(out, part_files, starts[pick], stops[pick], dest[pick], tail, part_docs)
             return out
 
         def check(f: int, a: np.ndarray, b: np.ndarray) -> None:

@@ -177,3 +177,19 @@ def test_read_runs_refuses_a_run_whose_bytes_changed_since_the_build(store_dir, 
     fresh = TokenStore.open(store_dir)
     with pytest.raises(StoreCorruptError, match=rf"{rec.name} changed since it was built"):
         fresh.read_runs(np.array([1]), starts, starts + lengths, docs=np.array([doc]) if with_docs else None)
+
+
+def test_a_concatenation_of_two_stores_sources_gathers_each_documents_tokens_from_its_own_store(tmp_path):
+    from impl.fill import TokenSource
+
+    rng = np.random.default_rng(11)
+    stores = [TokenStore.from_token_files([[rng.integers(0, 500, size=int(rng.integers(1, 40))).tolist()
+                                            for _ in range(docs)] for docs in counts], tmp_path / f"s{k}",
+                                          vocab_size=500) for k, counts in enumerate([(7, 5), (3, 9, 4)])]
+    source = TokenSource.concat([TokenSource.from_store(s) for s in stores])
+    docs = np.array([0, 13, 8, 27, 11, 12, 20, 6], dtype=np.int64)
+    file, start, length = source.locate(docs)
+    out = np.zeros(int(length.sum()), dtype=np.int64)
+    source.gather(out, file, start, start + length, np.concatenate(([0], np.cumsum(length)[:-1])), None, docs)
+    whose = [(0, int(d)) if d < len(stores[0]) else (1, int(d) - len(stores[0])) for d in docs]
+    assert out.tolist() == np.concatenate([stores[k][d] for k, d in whose]).tolist()

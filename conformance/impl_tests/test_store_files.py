@@ -193,3 +193,12 @@ def test_a_concatenation_of_two_stores_sources_gathers_each_documents_tokens_fro
     source.gather(out, file, start, start + length, np.concatenate(([0], np.cumsum(length)[:-1])), None, docs)
     whose = [(0, int(d)) if d < len(stores[0]) else (1, int(d) - len(stores[0])) for d in docs]
     assert out.tolist() == np.concatenate([stores[k][d] for k, d in whose]).tolist()
+
+
+def test_a_store_rebuilt_between_pickling_and_unpickling_is_refused_in_the_receiving_process_not_served(tmp_path):
+    out = tmp_path / "store"
+    store = TokenStore.from_token_files([[[1, 2, 3], [4, 5]]], out, vocab_size=100)
+    blob = pickle.dumps(store)   # what a spawned DataLoader worker receives
+    TokenStore.from_token_files([[[9, 9, 9], [8, 8]]], out, vocab_size=100, overwrite=True)
+    with pytest.raises(StoreCorruptError, match=r"changed \(fingerprint .*between processes"):
+        pickle.loads(blob)

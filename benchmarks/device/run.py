@@ -104,13 +104,14 @@ def build(data: Path, work: Path, cores: int) -> dict[str, Any]:
 @part("tasks")
 def task_build(data: Path, work: Path, tasks: int) -> dict[str, Any]:
     out = work / "store-tasks"
-    cmd = [sys.executable, "-m", "impl.cli", "build", str(data), str(TOKENIZER), str(out)]
+    cli = [sys.executable, "-m", "impl.cli", "build"]
+    cmd = [*cli, str(data), str(out), "--tokenizer", str(TOKENIZER)]
     t0 = time.perf_counter()
     procs = [subprocess.Popen([*cmd, "--task", str(i), "--tasks", str(tasks)], cwd=ROOT) for i in range(tasks)]
     codes = [p.wait(timeout=900) for p in procs]
     if any(codes):
         raise RuntimeError(f"task exit codes {codes}")
-    subprocess.run([*cmd, "--commit", "--tasks", str(tasks)], cwd=ROOT, check=True, timeout=900)
+    subprocess.run([*cli, "--commit", str(out)], cwd=ROOT, check=True, timeout=900)
     dt = time.perf_counter() - t0
     meta = json.loads((out / "meta.json").read_text())
     same = meta.get("fingerprint") == json.loads((work / "store" / "meta.json").read_text()).get("fingerprint")
@@ -126,7 +127,7 @@ def stream(data: Path, work: Path, cores: int) -> dict[str, Any]:
         raise NotImplementedError("this impl has no StreamingDataset")
     res: dict[str, Any] = {}
     for workers in (0, min(8, cores)):
-        ds = impl.StreamingDataset(str(data), tokenizer=str(TOKENIZER), seq_len=1024, lanes=16,
+        ds = impl.StreamingDataset(str(data / "*.jsonl"), tokenizer=str(TOKENIZER), seq_len=1024, num_lanes=16,
                                    index_dir=str(work / "stream-index"))
         loader = impl.build_dataloader(ds, batch_size=16, num_workers=workers)
         t0 = time.perf_counter()

@@ -287,7 +287,7 @@ CLI_CASES = [
     (lambda t: ["preview", str(t), "--seq-len", "8", "-n", "-1"], r"-n: -1 is too small"),
     (lambda t: ["check", str(t)], r"the following arguments are required: --seq-len"),
     (lambda t: _cli_build_args(t) + ["--num-proc", "0"], r"--num-proc: 0 is too small: expected an integer >= 1"),
-    (lambda t: _cli_build_args(t)[:3], r"the following arguments are required: --tokenizer"),
+    (lambda t: _cli_build_args(t)[:3], r"loadspec build needs SOURCE OUT --tokenizer T"),
     (lambda t: ["frobnicate"], r"invalid choice: 'frobnicate'"),
     (lambda t: ["check", str(t / "nowhere"), "--seq-len", "8"], r"StoreNotFoundError: .*nowhere"),
     (lambda t: ["build", str(t / "nowhere"), str(t / "out"), "--tokenizer", str(generators.tokenizer_path())],

@@ -254,14 +254,15 @@ class RemoteFiles:
 
         A store maps its ``tables`` for its lifetime and up to
         :attr:`keep_mapped` token files (``token_files``: name -> size)
-        besides; ``TokenStore.open(url, local=...)`` calls this before any
-        token file is downloaded.
+        besides, and downloads the next file while it still holds those
+        (one more file); ``TokenStore.open(url, local=...)`` calls this
+        before any token file is downloaded.
         """
         limit = self._config.cache_limit
         if limit is None:
             return
         fixed = sum(st.size for name in tables if (st := self.stat(name)) is not None)
-        largest = sorted(token_files.values(), reverse=True)[: self.keep_mapped or 1]
+        largest = sorted(token_files.values(), reverse=True)[: (self.keep_mapped or 1) + 1]
         needed = fixed + sum(largest)
         if needed > limit:
             raise CacheLimitError(

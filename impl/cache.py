@@ -286,6 +286,30 @@ class NodeCache:
         os.replace(partial, path)
         self._write_record(name, CachedCopy(version=version, size=size, inode=inode))
 
+    def drop(self, name: str, version: str, size: int) -> bool:
+        """Remove ``name``'s cached copy at ``version``/``size`` (one a reader's checks refused); ``True`` if removed.
+
+        Only the cache's own copy goes: its record must name this version,
+        size and the inode in place (never a file the cache did not
+        download, nor a newer copy another process installed meanwhile).
+        Readers that map it keep their mapping; the next open downloads it
+        again. Taken under the download lock, so no install races it.
+        """
+        with self.download_lock(name):
+            rec = self.record(name)
+            path = self.data_path(name)
+            try:
+                inode = os.stat(path).st_ino
+            except FileNotFoundError:
+                return False
+            if rec is None or (rec.version, rec.size, rec.inode) != (version, size, inode):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._state("records", name))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return True
+
     def discard(self, partial: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)

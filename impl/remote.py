@@ -270,6 +270,26 @@ class RemoteFiles:
                 f"bytes at once ({', '.join(tables)}: {fixed} bytes, and its {len(largest)} largest token files): "
                 f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
 
+    def refused(self, name: str) -> str:
+        """Drop this node's cached copy of ``name``, which the store's checks refused, and say what to do.
+
+        Why: a copy that arrived corrupted (flipped bytes no transport check
+        caught) would otherwise stay cached and be refused by every reader
+        of the node until evicted. The store calls this when a CRC check
+        refuses the file; the next open of the store downloads it again.
+
+        >>> files.refused("tokens-00003.arrow")   # doctest: +SKIP
+        'its cached copy /local/tokens-00003.arrow was dropped: reopen the store to download s3://b/s/tokens-... again; ...'
+        """
+        st = self._pins.get(name)
+        path = self._cache.data_path(name)
+        if st is not None and self._cache.drop(name, st.version, st.size):
+            done = f"its cached copy {path} was dropped: reopen the store to download {self.where(name)} again"
+        else:
+            done = f"its cached copy {path} was already replaced or removed: reopen the store to read it again"
+        return (f"{done}; if the new copy is refused too, the object {self.where(name)} itself differs from what "
+                "was built: restore it from a good copy")
+
     def expect_sha256(self, digests: Mapping[str, str]) -> None:
         """Record the sha256 each named file must have (checked when ``validate_hash="sha256"``)."""
         self._sha256.update(digests)

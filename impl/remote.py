@@ -179,6 +179,7 @@ class RemoteFiles:
         self._sha256: dict[str, str] = {}
         self._lock = threading.Lock()
         self.downloads = 0   # completed by this object (tests and benchmarks count them)
+        self.downloaded_bytes = 0
 
     # ------------------------------------------------------------------ pickling: the config, never the handles
     def __reduce__(self) -> tuple[Any, ...]:
@@ -323,6 +324,7 @@ class RemoteFiles:
                 self._with_retries(name, "download", lambda: self._download_once(name, st, partial))
                 cache.install(name, partial, st.version, st.size)
                 self.downloads += 1
+                self.downloaded_bytes += st.size
             finally:
                 cache.discard(partial)
 

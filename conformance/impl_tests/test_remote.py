@@ -264,3 +264,54 @@ def test_a_refused_copy_that_another_process_already_replaced_is_left_in_place(t
     st = files.stat("f0.bin")
     assert st is not None and files.cache.drop("f0.bin", st.version, st.size) is False
     assert (tmp_path / "cache" / "f0.bin").exists()
+
+
+def test_prefetch_downloads_exactly_the_files_named_in_a_background_thread_and_the_read_then_only_maps(tmp_path):
+    root, content = _remote(tmp_path, [8 * KIB] * 6)
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache")
+    upcoming = ["f1.bin", "f3.bin", "f4.bin"]
+    thread = files.prefetch(upcoming)
+    thread.join(60)
+    assert not thread.is_alive() and files.downloads == len(upcoming)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_file()) == upcoming
+    assert [bytes(files.map(n)) for n in upcoming] == [content[n] for n in upcoming] and files.downloads == 3
+    files.prefetch(upcoming).join(60)                      # already cached: nothing downloaded again
+    assert files.downloads == 3
+
+
+def _belady_misses(order: list[str], slots: int) -> int:
+    """Downloads of ``order`` through ``slots`` files when the file needed furthest ahead is evicted (the optimum)."""
+    held: list[str] = []
+    misses = 0
+    for i, name in enumerate(order):
+        if name in held:
+            continue
+        misses += 1
+        if len(held) == slots:
+            ahead = order[i + 1:]
+            held.remove(max(held, key=lambda h: ahead.index(h) if h in ahead else len(order)))
+        held.append(name)
+    return misses
+
+
+def test_a_scheduled_reader_evicts_the_file_needed_furthest_ahead_and_downloads_fewer_than_lru(tmp_path):
+    root, content = _remote(tmp_path, [30 * KIB] * 4)
+    order = [f"f{i}.bin" for i in range(4)] * 3            # a cycle one file larger than the cache: LRU misses always
+    lru = RemoteFiles(f"file://{root}", tmp_path / "lru", cache_limit=3 * 30 * KIB)
+    assert all(bytes(lru.map(n)) == content[n] for n in order) and lru.downloads == len(order)
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache", cache_limit=3 * 30 * KIB)
+    files.schedule(order)
+    assert all(bytes(files.map(n)) == content[n] for n in order)
+    assert files.downloads == _belady_misses(order, 3) == 6
+
+
+def test_a_sequential_scheduled_epoch_under_eviction_downloads_each_byte_once(tmp_path):
+    root, content = _remote(tmp_path, [20 * KIB] * 9)
+    order = [f"f{i}.bin" for i in (4, 0, 8, 2, 6, 1, 7, 3, 5)]
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache", cache_limit=3 * 20 * KIB)
+    files.schedule(order)
+    held = []
+    for name in order:                                    # a store holds the last two files it read
+        held = [*held[-1:], files.map(name)]
+        assert bytes(held[-1]) == content[name]
+    assert files.downloads == len(order) and files.downloaded_bytes == sum(map(len, content.values()))

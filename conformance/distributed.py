@@ -69,6 +69,12 @@ class Job:
     num_workers: int = 0
     timeout: float = 60.0
     """Seconds a collective waits for a peer (gloo's timeout)."""
+    open_kwargs: dict[str, Any] | None = None
+    """Keyword arguments of ``TokenStore.open(store, ...)``: a URL store's ``local`` cache, ``cache_limit``, ..."""
+    plans_dir: str | None = None
+    """Where the plan cache lives (default: beside a local ``store``)."""
+    die_downloading_after: int | None = None
+    """Every rank SIGKILLs itself halfway through its first remote token-file download after logging this step."""
 
 
 def _pipeline_config(data: dict[str, Any]):
@@ -81,6 +87,33 @@ def _pipeline_config(data: dict[str, Any]):
 
 
 # --------------------------------------------------------------------------- one rank
+
+_LOGGED = [0]
+"""The last step this rank logged (what ``die_downloading_after`` compares with)."""
+
+
+def _die_in_downloads(after_step: int) -> None:
+    """Make this process SIGKILL itself halfway through its first token-file download once ``after_step`` is logged.
+
+    The partial file then holds half the object and the download lock names
+    a dead holder: what a node sees when a rank dies mid-download.
+    """
+    from impl.remote import RemoteFiles
+
+    original = RemoteFiles._download_once
+
+    def download_once(self: Any, name: str, st: Any, partial: str) -> None:
+        if _LOGGED[0] >= after_step and not name.endswith((".json", ".crc32")):
+            data = self._fs.cat_file(self._path(name))
+            with open(partial, "wb") as out:
+                out.write(data[: len(data) // 2])
+                out.flush()
+                os.fsync(out.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, name, st, partial)
+
+    RemoteFiles._download_once = download_once  # type: ignore[method-assign]
+
 
 
 def run_rank(job: Job, rank: int, world_size: int, init_method: str) -> None:
@@ -97,8 +130,11 @@ def run_rank(job: Job, rank: int, world_size: int, init_method: str) -> None:
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=job.timeout))
     try:
-        dataset = PackedDataset.from_config(TokenStore.open(job.store), _pipeline_config(job.config),
-                                            cache_dir=Path(job.store).parent / "plans")
+        if job.die_downloading_after is not None:
+            _die_in_downloads(job.die_downloading_after)
+        dataset = PackedDataset.from_config(TokenStore.open(job.store, **(job.open_kwargs or {})),
+                                            _pipeline_config(job.config),
+                                            cache_dir=job.plans_dir or Path(job.store).parent / "plans")
         loader = build_dataloader(dataset, batch_size=job.batch_size, num_workers=job.num_workers)
         step = 0
         if job.resume_from:
@@ -110,6 +146,7 @@ def run_rank(job: Job, rank: int, world_size: int, init_method: str) -> None:
         with open(log_path, "a", encoding="utf-8") as log:
             for batch in loader:
                 step += 1
+                _LOGGED[0] = step
                 line = {"step": step, "epoch": batch["epoch"].tolist(), "indices": batch["sample_index"].tolist(),
                         "sums": batch["input_ids"].sum(dim=1).tolist()}
                 log.write(json.dumps(line) + "\n")

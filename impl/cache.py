@@ -43,7 +43,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import quote, unquote
@@ -120,6 +120,9 @@ class NodeCache:
         self.limit = limit
         self.wait_s = wait_s
         self.host = socket.gethostname()
+        #: When set, ``next_use(name)`` is how many reads ahead ``name`` is needed (``math.inf``: not foreseen), and
+        #: eviction removes the file needed furthest in the future (else the least recently used).
+        self.next_use: Callable[[str], float] | None = None
         for sub in ("records", "locks", "partial"):
             os.makedirs(os.path.join(self.local, STATE_DIR, sub), exist_ok=True)
         self.clean_dead_partials()
@@ -286,6 +289,30 @@ class NodeCache:
         os.replace(partial, path)
         self._write_record(name, CachedCopy(version=version, size=size, inode=inode))
 
+    def drop(self, name: str, version: str, size: int) -> bool:
+        """Remove ``name``'s cached copy at ``version``/``size`` (one a reader's checks refused); ``True`` if removed.
+
+        Only the cache's own copy goes: its record must name this version,
+        size and the inode in place (never a file the cache did not
+        download, nor a newer copy another process installed meanwhile).
+        Readers that map it keep their mapping; the next open downloads it
+        again. Taken under the download lock, so no install races it.
+        """
+        with self.download_lock(name):
+            rec = self.record(name)
+            path = self.data_path(name)
+            try:
+                inode = os.stat(path).st_ino
+            except FileNotFoundError:
+                return False
+            if rec is None or (rec.version, rec.size, rec.inode) != (version, size, inode):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._state("records", name))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return True
+
     def discard(self, partial: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
@@ -366,6 +393,9 @@ class NodeCache:
         self.clean_dead_partials()
         cached = self._cached()
         used = self._reserved() + sum(s for _, _, s in cached)
+        if self.next_use is not None:   # the reader said its future order: the file needed furthest ahead goes first
+            key = self.next_use
+            cached = sorted(cached, key=lambda c: -key(c[1]))
         for _, other, osize in cached:
             if used + size <= self.limit:
                 break

@@ -135,7 +135,10 @@ class Integrity:
 
     def __init__(self, records: list[FileRecord], file_doc_starts: list[int], where: Callable[[str], str],
                  mapped: list[tuple[np.ndarray, np.ndarray] | None],
-                 map_file: Callable[[int], tuple[np.ndarray, np.ndarray]], require_open: Callable[[], None]) -> None:
+                 map_file: Callable[[int], tuple[np.ndarray, np.ndarray]], require_open: Callable[[], None],
+                 refused: Callable[[str], str] | None = None) -> None:
+        #: Given a file a check refused, what to do about it (a remote access drops its cached copy and says so).
+        self.refused = refused
         self.records = records
         self.file_doc_starts = file_doc_starts
         self.where = where
@@ -375,8 +378,7 @@ class Integrity:
         end = min(at + blocks.block, size)
         return StoreCorruptError(
             f"{self.where(rec.name)} changed since it was built: block {b} (bytes {at}-{end - 1} of {size}) has "
-            f"CRC-32 {crc:08x}, {recorded:08x} when built, so none of its tokens is served; restore the file "
-            f"from a good copy or {REBUILD_HINT}"
+            f"CRC-32 {crc:08x}, {recorded:08x} when built, so none of its tokens is served; {self._fix(rec.name)}"
         )
 
     def verify_documents(self, pending: Sequence[tuple[int, int, int, int]]) -> None:
@@ -430,8 +432,14 @@ class Integrity:
             f"{self.where(rec.name)} changed since it was built: its document {d} (document "
             f"{self.file_doc_starts[f] + d} of the store; tokens {a}-{b - 1}, bytes {at}-{end - 1} of {blocks.size}, "
             f"as its offsets now say) has CRC-32 {crc:08x}, {recorded:08x} when built ({DOCUMENT_TABLE}), so none of "
-            f"its tokens is served; restore the file from a good copy or {REBUILD_HINT}"
+            f"its tokens is served; {self._fix(rec.name)}"
         )
+
+    def _fix(self, name: str) -> str:
+        """The fix a refusal of file ``name`` offers: the access's (a remote copy dropped), else restore or rebuild."""
+        if self.refused is not None:
+            return self.refused(name)
+        return f"restore the file from a good copy or {REBUILD_HINT}"
 
     def _first_read(self, f: int, blocks: FileChecks, lo: int, hi: int) -> None:
         """A reader's first read of value blocks ``lo..hi`` (``lo`` unverified): verify them, reading ahead in a streak.

@@ -36,12 +36,13 @@ Worked example::
 from __future__ import annotations
 
 import hashlib
+import math
 import mmap
 import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
@@ -177,8 +178,11 @@ class RemoteFiles:
         self._cache = NodeCache(c.local, limit=c.cache_limit, wait_s=wait_s)
         self._pins: dict[str, FileStat | None] = {}
         self._sha256: dict[str, str] = {}
+        self._schedule: list[str] = []
+        self._cursor = 0
         self._lock = threading.Lock()
         self.downloads = 0   # completed by this object (tests and benchmarks count them)
+        self.downloaded_bytes = 0
 
     # ------------------------------------------------------------------ pickling: the config, never the handles
     def __reduce__(self) -> tuple[Any, ...]:
@@ -254,20 +258,92 @@ class RemoteFiles:
 
         A store maps its ``tables`` for its lifetime and up to
         :attr:`keep_mapped` token files (``token_files``: name -> size)
-        besides; ``TokenStore.open(url, local=...)`` calls this before any
-        token file is downloaded.
+        besides, and downloads the next file while it still holds those
+        (one more file); ``TokenStore.open(url, local=...)`` calls this
+        before any token file is downloaded.
         """
         limit = self._config.cache_limit
         if limit is None:
             return
         fixed = sum(st.size for name in tables if (st := self.stat(name)) is not None)
-        largest = sorted(token_files.values(), reverse=True)[: self.keep_mapped or 1]
+        largest = sorted(token_files.values(), reverse=True)[: (self.keep_mapped or 1) + 1]
         needed = fixed + sum(largest)
         if needed > limit:
             raise CacheLimitError(
                 f"cache_limit is {limit} bytes but reading {redact_url(self._config.remote)} maps up to {needed} "
                 f"bytes at once ({', '.join(tables)}: {fixed} bytes, and its {len(largest)} largest token files): "
                 f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
+
+    def refused(self, name: str) -> str:
+        """Drop this node's cached copy of ``name``, which the store's checks refused, and say what to do.
+
+        Why: a copy that arrived corrupted (flipped bytes no transport check
+        caught) would otherwise stay cached and be refused by every reader
+        of the node until evicted. The store calls this when a CRC check
+        refuses the file; the next open of the store downloads it again.
+
+        >>> files.refused("tokens-00003.arrow")   # doctest: +SKIP
+        'its cached copy /local/tokens-00003.arrow was dropped: reopen the store to download s3://b/s/tokens-... again; ...'
+        """
+        st = self._pins.get(name)
+        path = self._cache.data_path(name)
+        if st is not None and self._cache.drop(name, st.version, st.size):
+            done = f"its cached copy {path} was dropped: reopen the store to download {self.where(name)} again"
+        else:
+            done = f"its cached copy {path} was already replaced or removed: reopen the store to read it again"
+        return (f"{done}; if the new copy is refused too, the object {self.where(name)} itself differs from what "
+                "was built: restore it from a good copy")
+
+    def schedule(self, names: Sequence[str]) -> None:
+        """Say the files this reader will read next, in order: eviction then removes the one needed furthest ahead.
+
+        Why: the read order is a pure function of the state, so a reader
+        knows it; evicting the file needed furthest in the future (instead
+        of the least recently used) downloads the fewest bytes. Each read
+        of a scheduled file moves the schedule past it; a new call replaces
+        the schedule.
+
+        >>> files.schedule(["tokens-00003.arrow", "tokens-00004.arrow", "tokens-00003.arrow"])   # doctest: +SKIP
+        """
+        with self._lock:
+            self._schedule = list(names)
+            self._cursor = 0
+        self._cache.next_use = self._next_use
+
+    def _next_use(self, name: str) -> float:
+        with self._lock:
+            for i in range(self._cursor, len(self._schedule)):
+                if self._schedule[i] == name:
+                    return float(i - self._cursor)
+        return math.inf
+
+    def _advance(self, name: str) -> None:
+        with self._lock:
+            if name in self._schedule[self._cursor:]:
+                self._cursor = self._schedule.index(name, self._cursor) + 1
+
+    def prefetch(self, names: Sequence[str]) -> threading.Thread:
+        """Download ``names`` (those not cached yet) in a background thread of this process; returns the thread.
+
+        What ``predownload`` asks for: the files the next samples need are in
+        the node's cache before the reader asks, and the reader's read then
+        only maps them. A failure ends the prefetch quietly: the reader's
+        own read of that file retries and raises the typed error.
+        """
+        def run() -> None:
+            for name in names:
+                try:
+                    st = self.stat(name)
+                    if st is not None:
+                        rec = self._cache.record(name)
+                        if rec is None or (rec.version, rec.size) != (st.version, st.size):
+                            self._fetch(name, st)
+                except Exception:  # noqa: BLE001 - the reader's own read raises it, typed
+                    return
+
+        thread = threading.Thread(target=run, name="loadspec-prefetch", daemon=True)
+        thread.start()
+        return thread
 
     def expect_sha256(self, digests: Mapping[str, str]) -> None:
         """Record the sha256 each named file must have (checked when ``validate_hash="sha256"``)."""
@@ -277,6 +353,7 @@ class RemoteFiles:
         st = self.stat(name)
         if st is None:
             raise FileNotFoundError(f"{self.where(name)} does not exist")
+        self._advance(name)
         for _ in range(100):
             fd = self._cache.open_held(name, st.version, st.size)
             if fd is not None:
@@ -302,6 +379,7 @@ class RemoteFiles:
                 self._with_retries(name, "download", lambda: self._download_once(name, st, partial))
                 cache.install(name, partial, st.version, st.size)
                 self.downloads += 1
+                self.downloaded_bytes += st.size
             finally:
                 cache.discard(partial)
 

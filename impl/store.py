@@ -287,7 +287,8 @@ class TokenStore:
         self._n = int(meta["num_documents"])
         #: The checks every read asks first (:mod:`impl.integrity`); ``_blocks`` is its per-file list, filled as files map.
         self._checks = Integrity(self._records, self._file_doc_starts, functools.partial(_file_where, path),
-                                 self._mapped, self._map, self._require_open)
+                                 self._mapped, self._map, self._require_open,
+                                 getattr(self._files, "refused", None))   # a remote access drops a refused copy
         self._blocks = self._checks.files
         self._doc_offsets: np.ndarray | None = None
         self._lengths: np.ndarray | None = None

@@ -195,3 +195,123 @@ def test_waiting_on_a_download_that_makes_no_progress_is_bounded_and_names_the_h
     with files.cache.download_lock("f0.bin"), waits:   # another holder (its own lock description), never progressing
         files.map("f0.bin")
     assert bytes(files.map("f0.bin")) == content["f0.bin"]   # released: the next reader downloads it
+
+
+def _flip_in_place(path: Path, at: int) -> None:
+    """Flip one byte of ``path`` without changing its inode (as a copy that arrived corrupted would be)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _store_docs(store) -> list[bytes]:
+    import numpy as np
+
+    return [np.asarray(store[i]).tobytes() for i in range(len(store))]
+
+
+def test_a_cached_copy_refused_by_the_crcs_is_dropped_named_by_url_and_downloaded_again_on_the_next_open(tmp_path):
+    from impl.errors import StoreCorruptError
+    from impl.store import TokenStore
+
+    built = tmp_path / "remote"
+    TokenStore.from_token_files([[[i * 7 + j for j in range(40)] for i in range(30)] for _ in range(3)], built,
+                                vocab_size=1000)
+    want = _store_docs(TokenStore.open(built))
+    url, cache = f"file://{built}", tmp_path / "cache"
+    victim = TokenStore.open(built).file_records[1].name
+    first = RemoteFiles(url, cache)
+    assert _store_docs(TokenStore.open(url, files=first)) == want and first.downloads == 6
+    _flip_in_place(cache / victim, (cache / victim).stat().st_size // 3)   # the copy is bad, its record still matches
+    before = (cache / victim).stat().st_ino
+    files = RemoteFiles(url, cache)
+    store = TokenStore.open(url, files=files)
+    with pytest.raises(StoreCorruptError) as refused:
+        _store_docs(store)
+    message = str(refused.value)
+    assert f"{url}/{victim}" in message and str(cache / victim) in message and "dropped" in message
+    assert "rebuild" not in message.lower() and files.downloads == 0
+    assert not (cache / victim).exists()                         # only the refused copy went
+    assert all((cache / r.name).exists() for r in store.file_records if r.name != victim)
+    again = RemoteFiles(url, cache)
+    assert _store_docs(TokenStore.open(url, files=again)) == want
+    assert again.downloads == 1 and (cache / victim).stat().st_ino != before
+
+
+def test_a_local_store_refused_by_its_crcs_still_says_restore_or_rebuild_and_keeps_its_file(tmp_path):
+    from impl.errors import StoreCorruptError
+    from impl.store import TokenStore
+
+    built = tmp_path / "store"
+    TokenStore.from_token_files([[[i + j for j in range(40)] for i in range(30)]], built, vocab_size=1000)
+    name = TokenStore.open(built).file_records[0].name
+    _flip_in_place(built / name, (built / name).stat().st_size // 3)
+    with pytest.raises(StoreCorruptError, match="restore the file from a good copy or rebuild"):
+        _store_docs(TokenStore.open(built))
+    assert (built / name).exists()
+
+
+def test_a_refused_copy_that_another_process_already_replaced_is_left_in_place(tmp_path):
+    root, content = _remote(tmp_path, [4 * KIB])
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache")
+    assert bytes(files.map("f0.bin")) == content["f0.bin"]
+    assert files.cache.drop("f0.bin", "some other version", 4 * KIB) is False    # not the copy that was refused
+    assert (tmp_path / "cache" / "f0.bin").exists()
+    (tmp_path / "cache" / "other").write_bytes(content["f0.bin"])
+    (tmp_path / "cache" / "other").replace(tmp_path / "cache" / "f0.bin")   # a file the cache did not install
+    st = files.stat("f0.bin")
+    assert st is not None and files.cache.drop("f0.bin", st.version, st.size) is False
+    assert (tmp_path / "cache" / "f0.bin").exists()
+
+
+def test_prefetch_downloads_exactly_the_files_named_in_a_background_thread_and_the_read_then_only_maps(tmp_path):
+    root, content = _remote(tmp_path, [8 * KIB] * 6)
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache")
+    upcoming = ["f1.bin", "f3.bin", "f4.bin"]
+    thread = files.prefetch(upcoming)
+    thread.join(60)
+    assert not thread.is_alive() and files.downloads == len(upcoming)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_file()) == upcoming
+    assert [bytes(files.map(n)) for n in upcoming] == [content[n] for n in upcoming] and files.downloads == 3
+    files.prefetch(upcoming).join(60)                      # already cached: nothing downloaded again
+    assert files.downloads == 3
+
+
+def _belady_misses(order: list[str], slots: int) -> int:
+    """Downloads of ``order`` through ``slots`` files when the file needed furthest ahead is evicted (the optimum)."""
+    held: list[str] = []
+    misses = 0
+    for i, name in enumerate(order):
+        if name in held:
+            continue
+        misses += 1
+        if len(held) == slots:
+            ahead = order[i + 1:]
+            held.remove(max(held, key=lambda h: ahead.index(h) if h in ahead else len(order)))
+        held.append(name)
+    return misses
+
+
+def test_a_scheduled_reader_evicts_the_file_needed_furthest_ahead_and_downloads_fewer_than_lru(tmp_path):
+    root, content = _remote(tmp_path, [30 * KIB] * 4)
+    order = [f"f{i}.bin" for i in range(4)] * 3            # a cycle one file larger than the cache: LRU misses always
+    lru = RemoteFiles(f"file://{root}", tmp_path / "lru", cache_limit=3 * 30 * KIB)
+    assert all(bytes(lru.map(n)) == content[n] for n in order) and lru.downloads == len(order)
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache", cache_limit=3 * 30 * KIB)
+    files.schedule(order)
+    assert all(bytes(files.map(n)) == content[n] for n in order)
+    assert files.downloads == _belady_misses(order, 3) == 6
+
+
+def test_a_sequential_scheduled_epoch_under_eviction_downloads_each_byte_once(tmp_path):
+    root, content = _remote(tmp_path, [20 * KIB] * 9)
+    order = [f"f{i}.bin" for i in (4, 0, 8, 2, 6, 1, 7, 3, 5)]
+    files = RemoteFiles(f"file://{root}", tmp_path / "cache", cache_limit=3 * 20 * KIB)
+    files.schedule(order)
+    held = []
+    for name in order:                                    # a store holds the last two files it read
+        held = [*held[-1:], files.map(name)]
+        assert bytes(held[-1]) == content[name]
+    assert files.downloads == len(order) and files.downloaded_bytes == sum(map(len, content.values()))

@@ -243,7 +243,7 @@ def test_a_cache_limit_that_cannot_hold_one_read_is_refused_at_open_with_the_byt
     cache = tmp_path / "cache"
     sizes = sorted((p.stat().st_size for p in s3.local_store.glob("tokens-*")), reverse=True)
     tables = sum(p.stat().st_size for p in s3.local_store.iterdir() if not p.name.startswith("tokens-"))
-    needed = tables + sizes[0] + sizes[1]
+    needed = tables + sizes[0] + sizes[1] + sizes[2]   # two files held, the next one downloading
     with pytest.raises(CacheLimitError, match=rf"raise cache_limit to at least {needed} bytes"):
         TokenStore.open(REMOTE, local=cache, cache_limit=needed - 1, storage_options=s3_options(s3.url))
     assert not list(cache.glob("tokens-*"))
@@ -346,3 +346,34 @@ def test_a_file_released_evicted_and_downloaded_again_corrupted_is_checked_anew_
         proxy.add("tokens-00000", "flip", times=-1)         # its next download arrives with a flipped byte
         with pytest.raises(StoreCorruptError, match="tokens-00000.arrow"):
             _all_documents(store)
+
+
+def test_two_nodes_with_their_own_caches_read_one_bucket_concurrently_each_evicting_only_in_its_own_cache(
+        s3, tmp_path):
+    built = tmp_path / "nodes"
+    TokenStore.from_token_files(_documents(5, files=12, docs=8), built, vocab_size=50_000)
+    s3.upload_dir(built, BUCKET, "nodes")
+    sizes = sorted((p.stat().st_size for p in built.glob("tokens-*")), reverse=True)
+    tables = sum(p.stat().st_size for p in built.iterdir() if not p.name.startswith("tokens-"))
+    limit = tables + sum(sizes[:7])   # two readers' three files each, and one: under half the token files
+    nodes = [tmp_path / "node-a", tmp_path / "node-b"]
+    ctx = mp.get_context("spawn")
+    outs = [ctx.Queue() for _ in nodes]
+    procs = [ctx.Process(target=_read_under_limit, args=(f"s3://{BUCKET}/nodes", s3.url, str(node), limit, reverse,
+                                                          out))
+             for node, out in zip(nodes, outs) for reverse in (False, True)]
+    for p in procs:
+        p.start()
+    results = [[out.get(timeout=240) for _ in range(2)] for out in outs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    want = _all_documents(TokenStore.open(built))
+    tokens = len(list(built.glob("tokens-*")))
+    for node, got in zip(nodes, results):
+        assert all(docs == want for _, _, docs in got)                 # every document, both orders, both nodes
+        assert all(over <= 0 for _, over, _ in got)                    # each cache within cache_limit throughout
+        assert sum(n for n, _, _ in got) >= tokens + 3                 # each node downloads every file itself
+        assert os.listdir(node / STATE_DIR / "partial") == []
+        for copy in node.glob("tokens-*"):
+            assert copy.read_bytes() == (built / copy.name).read_bytes()

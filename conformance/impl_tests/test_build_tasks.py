@@ -21,7 +21,7 @@ import pytest
 from conformance.impl_tests.test_store import make_docs, word_tokenizer
 from fixtures import generators
 from impl import build_files, cli
-from impl.build_tasks import STAGING_DIR, build_task, commit_build, task_from_env
+from impl.build_tasks import STAGING_DIR, build_task, commit_build, task_from_env, tasks_progress
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError
 from impl.store import TokenStore
 
@@ -228,3 +228,30 @@ def test_the_cli_runs_tasks_from_the_environment_and_commits(source, tok_dir, lo
     assert "committed store" in capsys.readouterr().out
     default = TokenStore.build(source, tok_dir, tmp_path / "default", num_proc=1, progress=False)
     assert TokenStore.open(out).fingerprint == default.fingerprint
+
+
+def test_with_commit_when_done_the_last_task_to_finish_commits_the_identical_store(source, tok_dir, local, tmp_path):
+    out = tmp_path / "out"
+    results = [build_task(source, tok_dir, out, task=i, tasks=3, commit_when_done=True, **OPTS) for i in (2, 0, 1)]
+    assert [r.committed for r in results] == [False, False, True]
+    assert published(out) == published(local.path)
+
+
+def test_each_task_reports_its_tokens_so_the_progress_of_all_tasks_is_their_sum(source, tok_dir, local, tmp_path):
+    out = tmp_path / "out"
+    run_tasks(source, tok_dir, out, 3, only=[0, 2])
+    total, rate = tasks_progress(out, 3)
+    owned = [f for f in range(len(local.meta["files"])) if f % 3 in (0, 2)]
+    assert total == sum(local.meta["files"][f]["num_tokens"] for f in owned) and rate > 0
+
+
+def test_the_cli_task_with_commit_when_done_commits_when_it_is_the_last(source, tok_dir, tmp_path, monkeypatch,
+                                                                         capsys):
+    out = tmp_path / "out"
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert cli.main(["build", str(source), str(out), "--tokenizer", str(tok_dir), "--task-from-env",
+                         "--commit-when-done"]) == 0
+    assert "it was the last task and committed the store" in capsys.readouterr().out
+    assert TokenStore.open(out).num_tokens > 0

@@ -138,31 +138,50 @@ def test_a_task_that_dies_mid_write_then_relaunched_gives_the_identical_store(so
     assert published(out) == published(local.path)
 
 
-def _task_killed_after(source: str, tok_dir: str, out: str, files: int) -> None:
+KILL_POINTS = range(13)
+"""Task 0 of 2 owns files 0, 2, 4, 6; for each: a partial file is on disk, the file is written, its progress is
+reported (3 points a file, 12 in all); point 12 is after its fragment (the relaunch skips it)."""
+
+
+def _task_killed_at(source: str, tok_dir: str, out: str, point: int) -> None:
     from impl import build_files as files_module
+    from impl import build_tasks as tasks_module
 
-    real = files_module.write_token_file
-    count = [0]
+    events = [0]
 
-    def write_then_die(path, values, offsets):
-        real(path, values, offsets)
-        count[0] += 1
-        if count[0] == files:
+    def tick() -> None:
+        if events[0] == point:
             os.kill(os.getpid(), 9)
+        events[0] += 1
 
-    files_module.write_token_file = write_then_die
+    real_write, real_json = files_module.write_token_file, tasks_module.atomic_write_json
+
+    def write(path, values, offsets):
+        Path(path).write_bytes(b"\0" * 64)
+        tick()
+        real_write(path, values, offsets)
+        tick()
+
+    def write_json(path, obj, **kwargs):
+        real_json(path, obj, **kwargs)
+        tick()
+
+    files_module.write_token_file = write
+    tasks_module.atomic_write_json = write_json
     build_task(source, tok_dir, out, task=0, tasks=2, **OPTS)
 
 
-def test_a_task_killed_by_sigkill_then_relaunched_gives_the_identical_store(source, tok_dir, local, tmp_path):
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_task_killed_by_sigkill_at_any_point_then_relaunched_gives_the_identical_store(source, tok_dir, local,
+                                                                                         tmp_path, point):
     out = tmp_path / "out"
-    proc = multiprocessing.get_context("spawn").Process(target=_task_killed_after,
-                                                        args=(str(source), str(tok_dir), str(out), 2))
+    proc = multiprocessing.get_context("spawn").Process(target=_task_killed_at,
+                                                        args=(str(source), str(tok_dir), str(out), point))
     proc.start()
     proc.join(120)
     assert proc.exitcode == -9
-    assert not (out / STAGING_DIR / "task-00000-of-00002.json").exists()
-    assert [r.skipped for r in run_tasks(source, tok_dir, out, 2)] == [False, False]
+    assert (out / STAGING_DIR / "task-00000-of-00002.json").exists() == (point == 12)
+    assert [r.skipped for r in run_tasks(source, tok_dir, out, 2)] == [point == 12, False]
     commit_build(out)
     assert published(out) == published(local.path)
 

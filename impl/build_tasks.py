@@ -33,7 +33,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +43,7 @@ from impl.build import prepare_build
 from impl.build_files import meta_with_files, write_encoded
 from impl.build_progress import progress_bar
 from impl.build_publish import LOCK_TIMEOUT_S, check_output_path, source_paths, with_block_table
+from impl.build_shares import owned_ranges
 from impl.encoding import Encoder
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError, StoreError
 from impl.sources import rechunk
@@ -148,16 +149,26 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
     enc = Encoder(plan.tok_json, dtype=plan.dtype, bos_id=plan.tinfo.bos_id if opts.add_bos else None,
                   eos_id=plan.tinfo.eos_id if opts.add_eos else None, batch_size=opts.batch_size)
     files: list[dict[str, Any]] = []
-    num_files = 0
     bar = progress_bar(progress, None)
     started = time.time()
     tokens = 0
     try:
         staging.mkdir(parents=True, exist_ok=True)
-        for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
-            num_files += 1
-            if f % count != index:
-                continue
+        share = None if not plan.src.files or plan.src.text_field is None else owned_ranges(
+            plan.src.files, plan.src.text_field, opts.docs_per_file, index, count)
+        seen = [0]
+        if share is None:   # a source that cannot be counted cheaply (compressed text, datasets): read it whole
+
+            def every_file() -> Iterator[tuple[int, list[str]]]:
+                for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
+                    seen[0] = f + 1
+                    if f % count == index:
+                        yield f, texts
+
+            owned = every_file()
+        else:
+            seen[0], owned = share
+        for f, texts in owned:
             files.append({"index": f, "record": write_encoded(enc, str(staging / FILE_TEMPLATE.format(f)), texts)})
             tokens += files[-1]["record"]["num_tokens"]
             atomic_write_json(staging / f"progress-{index:05d}-of-{count:05d}.json",
@@ -167,6 +178,7 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
             if progress and hasattr(bar, "set_postfix_str"):
                 total, rate = tasks_progress(out, count)
                 bar.set_postfix_str(f"all tasks: {total} tokens, {rate / 1e6:.2f}M tokens/s", refresh=False)
+        num_files = seen[0]
         if num_files == 0:
             raise plan.empty_error()
         atomic_write_json(fragment, {

@@ -274,3 +274,51 @@ def test_the_cli_task_with_commit_when_done_commits_when_it_is_the_last(source, 
                          "--commit-when-done"]) == 0
     assert "it was the last task and committed the store" in capsys.readouterr().out
     assert TokenStore.open(out).num_tokens > 0
+
+
+def test_a_task_parses_only_the_records_of_the_files_it_owns(source, tok_dir, tmp_path, monkeypatch):
+    from impl import sources
+
+    real = sources._jsonl_texts
+    parsed = [0]
+
+    def counting(*args, **kwargs):
+        for text in real(*args, **kwargs):
+            parsed[0] += 1
+            yield text
+
+    monkeypatch.setattr(sources, "_jsonl_texts", counting)
+    (result,) = run_tasks(source, tok_dir, tmp_path / "out", 2, only=[1])
+    assert result.files == (1, 3, 5, 7) and parsed[0] == 3 + 3 + 3 + 2   # of 23 documents
+
+
+def _write_formats(docs: list[str], root: Path, kind: str) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir()
+    halves = [docs[:10], docs[10:]]
+    for i, part in enumerate(halves):
+        if kind == "parquet":
+            pq.write_table(pa.table({"text": part}), root / f"{i}.parquet", row_group_size=4)
+        elif kind == "arrow":
+            with pa.ipc.new_file(str(root / f"{i}.arrow"), pa.schema([("text", pa.string())])) as w:
+                for s in range(0, len(part), 4):
+                    w.write_table(pa.table({"text": part[s:s + 4]}))
+        else:   # txt with a BOM, CRLF endings and no final newline; jsonl with blank lines between records
+            if kind == "txt":
+                (root / f"{i}.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(part).encode())
+            else:
+                (root / f"{i}.jsonl").write_text("\n\n".join(json.dumps({"text": d}) for d in part) + "\n \n")
+    return root
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "txt", "jsonl"])
+def test_tasks_that_read_only_their_share_commit_the_local_build_of_every_format(tok_dir, tmp_path, kind):
+    docs = [" ".join(d.split()) or "alpha" for d in make_docs(23, seed=9)]
+    src = _write_formats(docs, tmp_path / "src", kind)
+    local = TokenStore.build(src, tok_dir, tmp_path / "local", num_proc=1, progress=False, **OPTS)
+    out = tmp_path / "out"
+    run_tasks(src, tok_dir, out, 3)
+    commit_build(out)
+    assert published(out) == published(local.path) and len(local) == 23

@@ -32,6 +32,7 @@ Worked example (a tiny word-level tokenizer built in memory)::
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -323,19 +324,37 @@ class Encoder:
 
     def encode(self, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """Return (values, int64 offsets of length n+1, number of documents with no text tokens)."""
-        n_pre = 0 if self.bos_id is None else 1
-        n_post = 0 if self.eos_id is None else 1
         values_parts: list[np.ndarray] = []
         length_parts: list[np.ndarray] = []
-        for b in range(0, len(texts), self.batch_size):
-            batch = texts[b : b + self.batch_size]
-            ids = [e.ids for e in self._encode(list(batch), add_special_tokens=False)]
-            lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-            content = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
-            values_parts.append(content)
-            length_parts.append(lens)
-            if on_batch is not None:
-                on_batch(len(batch))
+        starts = range(0, len(texts), self.batch_size)
+        # The tokenizer releases the GIL while it encodes: batch b + 1 encodes in a thread while batch b's ids
+        # become numpy arrays here (the same batches in the same order, so the same output).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadspec-encode") as pool:
+            ahead = [pool.submit(self._encode, list(texts[b : b + self.batch_size]), add_special_tokens=False)
+                     for b in starts[:1]]
+            for i, b in enumerate(starts):
+                encodings = ahead.pop().result()
+                if i + 1 < len(starts):
+                    nxt = starts[i + 1]
+                    ahead.append(pool.submit(self._encode, list(texts[nxt : nxt + self.batch_size]),
+                                             add_special_tokens=False))
+                self._collect(encodings, values_parts, length_parts)
+                if on_batch is not None:
+                    on_batch(min(self.batch_size, len(texts) - b))
+        return self._assemble(values_parts, length_parts)
+
+    def _collect(self, encodings: Sequence[Any], values_parts: list[np.ndarray],
+                 length_parts: list[np.ndarray]) -> None:
+        ids = [e.ids for e in encodings]
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        content = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
+        values_parts.append(content)
+        length_parts.append(lens)
+
+    def _assemble(self, values_parts: list[np.ndarray],
+                  length_parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+        n_pre = 0 if self.bos_id is None else 1
+        n_post = 0 if self.eos_id is None else 1
         content = np.concatenate(values_parts) if values_parts else np.empty(0, self.dtype)
         lens = np.concatenate(length_parts) if length_parts else np.empty(0, np.int64)
         num_empty = int(np.count_nonzero(lens == 0))

@@ -116,6 +116,9 @@ def ratios(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
         pair = r.get(f"impl-first-vs-verified-{shuffle}")
         if pair and "first_read_overhead" in pair.extra:
             put(f"integrity first-read overhead ({shuffle})", 1 + float(pair.extra["first_read_overhead"]), "lower")
+    for row in r.values():
+        if row.extra.get("kind") == "build-vs-raw" and "ratio" in row.extra:
+            put(f"build impl/raw encode tokens/s ({row.extra['num_proc']} proc)", float(row.extra["ratio"]), "higher")
     b_impl, b_hf = r.get("build-impl-p2"), r.get("build-hf-map-p2")
     if b_impl and b_hf:
         put("build impl/hf-map tokens/s", _ratio(b_impl.tokens_per_s, b_hf.tokens_per_s), "higher")

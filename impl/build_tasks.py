@@ -32,7 +32,8 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from impl.build import prepare_build
 from impl.build_files import meta_with_files, write_encoded
 from impl.build_progress import progress_bar
 from impl.build_publish import LOCK_TIMEOUT_S, check_output_path, source_paths, with_block_table
+from impl.build_shares import owned_ranges
 from impl.encoding import Encoder
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError, StoreError
 from impl.sources import rechunk
@@ -50,7 +52,8 @@ from impl.store_format import FILE_TEMPLATE, META_FILE, hash_file_blocks
 if TYPE_CHECKING:
     from impl.store import TokenStore
 
-__all__ = ["FRAGMENT_FORMAT", "STAGING_DIR", "TaskResult", "build_task", "commit_build", "task_from_env"]
+__all__ = ["FRAGMENT_FORMAT", "STAGING_DIR", "TaskResult", "build_task", "commit_build", "task_from_env",
+           "tasks_progress"]
 
 STAGING_DIR = ".loadspec-staging"
 """Where tasks write their token files and fragments, inside the output directory."""
@@ -100,12 +103,13 @@ class TaskResult:
     tasks: int
     skipped: bool
     files: tuple[int, ...]
+    committed: bool = False
 
 
 def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, task: int | None = None,
                tasks: int | None = None, text_field: str = "text", add_bos: bool = False, add_eos: bool = True,
                batch_size: int = 1000, docs_per_file: int | None = None, split: str | None = None,
-               progress: bool = False) -> TaskResult:
+               progress: bool = False, commit_when_done: bool = False) -> TaskResult:
     """Tokenize this task's files of ``source`` into ``out_dir``'s staging area and write its fragment.
 
     Arguments as :func:`impl.build.build_store`; ``task``/``tasks`` as
@@ -113,6 +117,16 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
     build key, files intact) is kept and the task returns ``skipped=True``.
     A write that fails (full disk) raises :class:`BuildTaskError` naming the
     path; other tasks' fragments stay valid.
+
+    ``commit_when_done``: once this task's fragment is written (or skipped),
+    the task that finds every fragment present commits (:func:`commit_build`,
+    under its lock); a task that finds the store already committed by another
+    returns ``committed=False``. A torchrun or Slurm job then needs no
+    separate commit step.
+
+    Progress: after each file the task writes its counts to
+    ``progress-IIIII-of-NNNNN.json`` in the staging area; :func:`tasks_progress`
+    sums them, and the task's bar shows the tokens/s of all tasks together.
     """
     index, count = task_from_env(task, tasks)
     check_output_path(out_dir, source_paths(source))
@@ -129,21 +143,42 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
                                "another out_dir")
     with contextlib.suppress(BuildCommitError):
         done = _validated(fragment, staging, out, plan.build_key)
-        return TaskResult(task=index, tasks=count, skipped=True, files=tuple(f for f, _ in done))
+        return TaskResult(task=index, tasks=count, skipped=True, files=tuple(f for f, _ in done),
+                          committed=commit_when_done and _commit_if_last(out, count))
     opts = plan.options
     enc = Encoder(plan.tok_json, dtype=plan.dtype, bos_id=plan.tinfo.bos_id if opts.add_bos else None,
                   eos_id=plan.tinfo.eos_id if opts.add_eos else None, batch_size=opts.batch_size)
     files: list[dict[str, Any]] = []
-    num_files = 0
     bar = progress_bar(progress, None)
+    started = time.time()
+    tokens = 0
     try:
         staging.mkdir(parents=True, exist_ok=True)
-        for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
-            num_files += 1
-            if f % count != index:
-                continue
+        share = None if not plan.src.files or plan.src.text_field is None else owned_ranges(
+            plan.src.files, plan.src.text_field, opts.docs_per_file, index, count)
+        seen = [0]
+        if share is None:   # a source that cannot be counted cheaply (compressed text, datasets): read it whole
+
+            def every_file() -> Iterator[tuple[int, list[str]]]:
+                for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
+                    seen[0] = f + 1
+                    if f % count == index:
+                        yield f, texts
+
+            owned = every_file()
+        else:
+            seen[0], owned = share
+        for f, texts in owned:
             files.append({"index": f, "record": write_encoded(enc, str(staging / FILE_TEMPLATE.format(f)), texts)})
+            tokens += files[-1]["record"]["num_tokens"]
+            atomic_write_json(staging / f"progress-{index:05d}-of-{count:05d}.json",
+                              {"tokens": tokens, "files": len(files), "started": started, "now": time.time()},
+                              indent=None)
             bar.update(len(texts))
+            if progress and hasattr(bar, "set_postfix_str"):
+                total, rate = tasks_progress(out, count)
+                bar.set_postfix_str(f"all tasks: {total} tokens, {rate / 1e6:.2f}M tokens/s", refresh=False)
+        num_files = seen[0]
         if num_files == 0:
             raise plan.empty_error()
         atomic_write_json(fragment, {
@@ -160,7 +195,40 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
         ) from exc
     finally:
         bar.close()
-    return TaskResult(task=index, tasks=count, skipped=False, files=tuple(f["index"] for f in files))
+    return TaskResult(task=index, tasks=count, skipped=False, files=tuple(f["index"] for f in files),
+                      committed=commit_when_done and _commit_if_last(out, count))
+
+
+def tasks_progress(out_dir: str | os.PathLike[str], tasks: int) -> tuple[int, float]:
+    """``(tokens written, tokens/s)`` of all ``tasks`` tasks together, from their progress files.
+
+    The rate is the total over the time from the earliest task's start to the
+    latest report; a task that has not reported yet counts zero.
+    """
+    staging = Path(os.fspath(out_dir)) / STAGING_DIR
+    total, first, last = 0, float("inf"), 0.0
+    for i in range(tasks):
+        try:
+            rep = json.loads((staging / f"progress-{i:05d}-of-{tasks:05d}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        total += int(rep["tokens"])
+        first, last = min(first, float(rep["started"])), max(last, float(rep["now"]))
+    return total, (total / (last - first) if last > first else 0.0)
+
+
+def _commit_if_last(out: Path, count: int) -> bool:
+    """Commit when every fragment of ``count`` tasks is present; False when some are missing or another committed."""
+    staging = out / STAGING_DIR
+    if not all((staging / fragment_name(i, count)).exists() for i in range(count)):
+        return False
+    try:
+        commit_build(out, tasks=count)
+    except BuildCommitError:
+        if (out / META_FILE).exists():
+            return False
+        raise
+    return True
 
 
 def _read_fragment(path: Path) -> dict[str, Any]:

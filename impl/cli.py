@@ -221,10 +221,17 @@ def cmd_build(args: argparse.Namespace) -> int:
             raise ConfigError("pass both --task I and --tasks N (or --task-from-env under torchrun / a Slurm array)")
         result = build_task(args.source, args.tokenizer, args.out, task=args.task, tasks=args.tasks,
                             text_field=args.text_field, add_bos=args.add_bos, add_eos=not args.no_eos,
-                            split=args.split, progress=True)
+                            split=args.split, progress=True, commit_when_done=args.commit_when_done)
         done = "already done (its fragment validates), skipped" if result.skipped else "done"
-        print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; when every task is done: "
-              f"loadspec build --commit {args.out}")
+        if result.committed:
+            print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; it was the last task "
+                  f"and committed the store {args.out}")
+        elif args.commit_when_done:
+            print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; the last task to "
+                  "finish commits the store")
+        else:
+            print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; when every task is "
+                  f"done: loadspec build --commit {args.out}")
         return 0
     store = TokenStore.build(args.source, args.tokenizer, args.out, text_field=args.text_field, num_proc=args.num_proc,
                              add_bos=args.add_bos, add_eos=not args.no_eos, split=args.split, overwrite=args.overwrite,
@@ -391,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokenize only task --task of this many into OUT's staging area (then --commit)")
     b.add_argument("--task-from-env", action="store_true",
                    help="take --task/--tasks from torchrun (RANK, WORLD_SIZE) or a Slurm array")
+    b.add_argument("--commit-when-done", action="store_true",
+                   help="with --task/--task-from-env: the last task to finish commits the store (no --commit step)")
     b.add_argument("--commit", action="store_true",
                    help="validate the tasks' fragments and publish the store at OUT (loadspec build --commit OUT)")
     b.set_defaults(fn=cmd_build)

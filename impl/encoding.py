@@ -32,6 +32,8 @@ Worked example (a tiny word-level tokenizer built in memory)::
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -107,8 +109,134 @@ def load_tokenizer(spec: Any) -> Any:
     return spec
 
 
+_GENERIC_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+# tokenizer_config.json keys that a generic transformers>=5 tokenizer only reads, never applies to the backend.
+_PLAIN_CONFIG_KEYS = frozenset({"backend", "tokenizer_class", "bos_token", "eos_token", "pad_token", "unk_token",
+                                "model_max_length", "clean_up_tokenization_spaces", "name_or_path"})
+_SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+_PARSED: dict[str, Any] = {}
+
+
+def _transformers_major() -> int | None:
+    from importlib import metadata
+
+    try:
+        return int(metadata.version("transformers").split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _direct_json_and_config(spec: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The ``tokenizers.Tokenizer`` and tokenizer_config that transformers would load verbatim, else None.
+
+    Why: ``import transformers`` pulls in torch (seconds) and its tokenizer
+    parses the JSON again; for a generic tokenizer (a bare ``tokenizer.json``,
+    a ``tokenizers.Tokenizer``, a directory whose config names
+    ``TokenizersBackend`` and only plain special tokens of its vocabulary)
+    transformers >= 5 uses the JSON as is, so reading it here gives the same
+    identity. Anything else (a model class such as ``GPT2Tokenizer`` that
+    rebuilds its backend, extra config keys, added tokens) returns None and
+    goes through transformers.
+    """
+    import json
+
+    from tokenizers import Tokenizer
+
+    if _transformers_major() is None or (_transformers_major() or 0) < 5:
+        return None
+    if isinstance(spec, Tokenizer):
+        return Tokenizer.from_str(spec.to_str()), {}
+    if not isinstance(spec, (str, os.PathLike)):
+        return None
+    path = Path(spec)
+    folder = path if path.is_dir() else path.parent
+    file = folder / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file() or (not path.is_dir() and path.name != "tokenizer.json"):
+        return None
+    others = {p.name for p in folder.iterdir()} & {"special_tokens_map.json", "added_tokens.json", "vocab.json",
+                                                    "merges.txt", "tokenizer.model", "vocab.txt"}
+    config_file = folder / "tokenizer_config.json"
+    if others or (path.is_dir() and not config_file.exists()):
+        return None
+    config: dict[str, Any] = {}
+    if config_file.exists():
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if (not isinstance(config, dict) or config.get("tokenizer_class") not in _GENERIC_CLASSES
+                or set(config) - _PLAIN_CONFIG_KEYS):
+            return None
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception:  # noqa: BLE001 - a file tokenizers cannot read goes to transformers, which names the problem
+        return None
+    for name in _SPECIAL_NAMES:
+        token = config.get(name)
+        if token is not None and (not isinstance(token, str) or tok.token_to_id(token) is None):
+            return None
+    return tok, {name: config.get(name) for name in _SPECIAL_NAMES}
+
+
+def parsed_tokenizer(tok_json: str) -> Any:
+    """A ``tokenizers.Tokenizer`` for ``tok_json``, parsed once per process (encoding does not mutate it)."""
+    from tokenizers import Tokenizer
+
+    key = hashlib.sha256(tok_json.encode("utf-8")).hexdigest()
+    tok = _PARSED.get(key)
+    if tok is None:
+        tok = Tokenizer.from_str(tok_json)
+        tok.no_truncation()
+        tok.no_padding()
+        _PARSED.clear()
+        _PARSED[key] = tok
+    return tok
+
+
 def resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
-    """Return the normalised tokenizer JSON (what workers rebuild from) and its identity."""
+    """Return the normalised tokenizer JSON (what workers rebuild from) and its identity.
+
+    A generic tokenizer is read with ``tokenizers`` alone
+    (:func:`_direct_json_and_config`); its identity is the one transformers
+    gives it, so a store's fingerprint does not depend on the path taken.
+    A model tokenizer is resolved by transformers once and then read back from
+    :mod:`impl.tokenizer_cache` (keyed by its files' bytes), with the same identity.
+    """
+    direct = _direct_json_and_config(spec)
+    if direct is not None:
+        normal, config = direct
+        normal.no_truncation()
+        normal.no_padding()
+        tok_json = normal.to_str()
+        vocab_size = normal.get_vocab_size(with_added_tokens=True)
+        vocab = normal.get_vocab(with_added_tokens=True)
+        vocab_size = max(vocab_size, max(vocab.values()) + 1 if vocab else 0)
+        specials = {}
+        for name in ("eos_token", "bos_token", "pad_token"):
+            token = config.get(name)
+            specials[name] = (None if token is None else int(normal.token_to_id(token)), token)
+        sha = hashlib.sha256(tok_json.encode("utf-8")).hexdigest()
+        _PARSED.clear()
+        _PARSED[sha] = normal
+        return tok_json, TokenizerInfo(
+            sha256=sha, class_name="TokenizersBackend", vocab_size=int(vocab_size),
+            eos_id=specials["eos_token"][0], bos_id=specials["bos_token"][0], pad_id=specials["pad_token"][0],
+            eos_token=specials["eos_token"][1], bos_token=specials["bos_token"][1], pad_token=specials["pad_token"][1],
+        )
+    from impl import tokenizer_cache
+
+    key = tokenizer_cache.cache_key(spec)
+    cached = None if key is None else tokenizer_cache.load_cached(key)
+    if cached is not None:
+        with contextlib.suppress(TypeError):
+            return cached[0], TokenizerInfo(**cached[1])
+    tok_json, info = _resolve_with_transformers(spec)
+    if key is not None:
+        tokenizer_cache.store_cached(key, tok_json, info.to_json())
+    return tok_json, info
+
+
+def _resolve_with_transformers(spec: Any) -> tuple[str, TokenizerInfo]:
     from tokenizers import Tokenizer
 
     tok = load_tokenizer(spec)
@@ -122,6 +250,8 @@ def resolve_tokenizer(spec: Any) -> tuple[str, TokenizerInfo]:
     normal.no_truncation()
     normal.no_padding()
     tok_json = normal.to_str()
+    _PARSED.clear()
+    _PARSED[hashlib.sha256(tok_json.encode("utf-8")).hexdigest()] = normal
     vocab = normal.get_vocab(with_added_tokens=True)
     max_id = max(vocab.values()) if vocab else -1
     try:
@@ -185,11 +315,7 @@ class Encoder:
     """Tokenizes ranges of documents into flat token values plus document offsets (bos/eos added here)."""
 
     def __init__(self, tok_json: str, *, dtype: str, bos_id: int | None, eos_id: int | None, batch_size: int):
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_str(tok_json)
-        self.tok.no_truncation()
-        self.tok.no_padding()
+        self.tok = parsed_tokenizer(tok_json)
         self.dtype = np.dtype(dtype)
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -198,19 +324,37 @@ class Encoder:
 
     def encode(self, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """Return (values, int64 offsets of length n+1, number of documents with no text tokens)."""
-        n_pre = 0 if self.bos_id is None else 1
-        n_post = 0 if self.eos_id is None else 1
         values_parts: list[np.ndarray] = []
         length_parts: list[np.ndarray] = []
-        for b in range(0, len(texts), self.batch_size):
-            batch = texts[b : b + self.batch_size]
-            ids = [e.ids for e in self._encode(list(batch), add_special_tokens=False)]
-            lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-            content = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
-            values_parts.append(content)
-            length_parts.append(lens)
-            if on_batch is not None:
-                on_batch(len(batch))
+        starts = range(0, len(texts), self.batch_size)
+        # The tokenizer releases the GIL while it encodes: batch b + 1 encodes in a thread while batch b's ids
+        # become numpy arrays here (the same batches in the same order, so the same output).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadspec-encode") as pool:
+            ahead = [pool.submit(self._encode, list(texts[b : b + self.batch_size]), add_special_tokens=False)
+                     for b in starts[:1]]
+            for i, b in enumerate(starts):
+                encodings = ahead.pop().result()
+                if i + 1 < len(starts):
+                    nxt = starts[i + 1]
+                    ahead.append(pool.submit(self._encode, list(texts[nxt : nxt + self.batch_size]),
+                                             add_special_tokens=False))
+                self._collect(encodings, values_parts, length_parts)
+                if on_batch is not None:
+                    on_batch(min(self.batch_size, len(texts) - b))
+        return self._assemble(values_parts, length_parts)
+
+    def _collect(self, encodings: Sequence[Any], values_parts: list[np.ndarray],
+                 length_parts: list[np.ndarray]) -> None:
+        ids = [e.ids for e in encodings]
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        content = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lens.sum()))
+        values_parts.append(content)
+        length_parts.append(lens)
+
+    def _assemble(self, values_parts: list[np.ndarray],
+                  length_parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+        n_pre = 0 if self.bos_id is None else 1
+        n_post = 0 if self.eos_id is None else 1
         content = np.concatenate(values_parts) if values_parts else np.empty(0, self.dtype)
         lens = np.concatenate(length_parts) if length_parts else np.empty(0, np.int64)
         num_empty = int(np.count_nonzero(lens == 0))

@@ -94,6 +94,8 @@ class Source:
     batches: Callable[[], Iterator[list[str]]]
     num_bytes: int | None = None
     batches_with_bytes: Callable[[], Iterator[tuple[list[str], int]]] | None = None
+    files: tuple[Path, ...] = ()
+    text_field: str | None = None
 
     def describe(self) -> str:
         """Short human-readable identification for error messages."""
@@ -165,9 +167,9 @@ def _batched(it: Iterator[Any], n: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-def _jsonl_texts(lines: Iterator[str], where: str, text_field: str) -> Iterator[str]:
+def _jsonl_texts(lines: Iterator[str], where: str, text_field: str, first_lineno: int = 1) -> Iterator[str]:
     """Field ``text_field`` of each JSON Lines record, in order; a bad record is a SourceError naming its line."""
-    for lineno, line in enumerate(lines, 1):
+    for lineno, line in enumerate(lines, first_lineno):
         if not line.strip():
             continue  # a blank line is not a JSON record (not an empty document)
         try:
@@ -350,6 +352,8 @@ def _files_source(kind: str, files: list[Path], text_field: str, description: An
         batches=gen,
         num_bytes=sum(sizes),
         batches_with_bytes=gen_with_bytes,
+        files=tuple(files),
+        text_field=text_field,
     )
 
 

@@ -21,7 +21,7 @@ import pytest
 from conformance.impl_tests.test_store import make_docs, word_tokenizer
 from fixtures import generators
 from impl import build_files, cli
-from impl.build_tasks import STAGING_DIR, build_task, commit_build, task_from_env
+from impl.build_tasks import STAGING_DIR, build_task, commit_build, task_from_env, tasks_progress
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError
 from impl.store import TokenStore
 
@@ -138,31 +138,50 @@ def test_a_task_that_dies_mid_write_then_relaunched_gives_the_identical_store(so
     assert published(out) == published(local.path)
 
 
-def _task_killed_after(source: str, tok_dir: str, out: str, files: int) -> None:
+KILL_POINTS = range(13)
+"""Task 0 of 2 owns files 0, 2, 4, 6; for each: a partial file is on disk, the file is written, its progress is
+reported (3 points a file, 12 in all); point 12 is after its fragment (the relaunch skips it)."""
+
+
+def _task_killed_at(source: str, tok_dir: str, out: str, point: int) -> None:
     from impl import build_files as files_module
+    from impl import build_tasks as tasks_module
 
-    real = files_module.write_token_file
-    count = [0]
+    events = [0]
 
-    def write_then_die(path, values, offsets):
-        real(path, values, offsets)
-        count[0] += 1
-        if count[0] == files:
+    def tick() -> None:
+        if events[0] == point:
             os.kill(os.getpid(), 9)
+        events[0] += 1
 
-    files_module.write_token_file = write_then_die
+    real_write, real_json = files_module.write_token_file, tasks_module.atomic_write_json
+
+    def write(path, values, offsets):
+        Path(path).write_bytes(b"\0" * 64)
+        tick()
+        real_write(path, values, offsets)
+        tick()
+
+    def write_json(path, obj, **kwargs):
+        real_json(path, obj, **kwargs)
+        tick()
+
+    files_module.write_token_file = write
+    tasks_module.atomic_write_json = write_json
     build_task(source, tok_dir, out, task=0, tasks=2, **OPTS)
 
 
-def test_a_task_killed_by_sigkill_then_relaunched_gives_the_identical_store(source, tok_dir, local, tmp_path):
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_task_killed_by_sigkill_at_any_point_then_relaunched_gives_the_identical_store(source, tok_dir, local,
+                                                                                         tmp_path, point):
     out = tmp_path / "out"
-    proc = multiprocessing.get_context("spawn").Process(target=_task_killed_after,
-                                                        args=(str(source), str(tok_dir), str(out), 2))
+    proc = multiprocessing.get_context("spawn").Process(target=_task_killed_at,
+                                                        args=(str(source), str(tok_dir), str(out), point))
     proc.start()
     proc.join(120)
     assert proc.exitcode == -9
-    assert not (out / STAGING_DIR / "task-00000-of-00002.json").exists()
-    assert [r.skipped for r in run_tasks(source, tok_dir, out, 2)] == [False, False]
+    assert (out / STAGING_DIR / "task-00000-of-00002.json").exists() == (point == 12)
+    assert [r.skipped for r in run_tasks(source, tok_dir, out, 2)] == [point == 12, False]
     commit_build(out)
     assert published(out) == published(local.path)
 
@@ -228,3 +247,78 @@ def test_the_cli_runs_tasks_from_the_environment_and_commits(source, tok_dir, lo
     assert "committed store" in capsys.readouterr().out
     default = TokenStore.build(source, tok_dir, tmp_path / "default", num_proc=1, progress=False)
     assert TokenStore.open(out).fingerprint == default.fingerprint
+
+
+def test_with_commit_when_done_the_last_task_to_finish_commits_the_identical_store(source, tok_dir, local, tmp_path):
+    out = tmp_path / "out"
+    results = [build_task(source, tok_dir, out, task=i, tasks=3, commit_when_done=True, **OPTS) for i in (2, 0, 1)]
+    assert [r.committed for r in results] == [False, False, True]
+    assert published(out) == published(local.path)
+
+
+def test_each_task_reports_its_tokens_so_the_progress_of_all_tasks_is_their_sum(source, tok_dir, local, tmp_path):
+    out = tmp_path / "out"
+    run_tasks(source, tok_dir, out, 3, only=[0, 2])
+    total, rate = tasks_progress(out, 3)
+    owned = [f for f in range(len(local.meta["files"])) if f % 3 in (0, 2)]
+    assert total == sum(local.meta["files"][f]["num_tokens"] for f in owned) and rate > 0
+
+
+def test_the_cli_task_with_commit_when_done_commits_when_it_is_the_last(source, tok_dir, tmp_path, monkeypatch,
+                                                                         capsys):
+    out = tmp_path / "out"
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert cli.main(["build", str(source), str(out), "--tokenizer", str(tok_dir), "--task-from-env",
+                         "--commit-when-done"]) == 0
+    assert "it was the last task and committed the store" in capsys.readouterr().out
+    assert TokenStore.open(out).num_tokens > 0
+
+
+def test_a_task_parses_only_the_records_of_the_files_it_owns(source, tok_dir, tmp_path, monkeypatch):
+    from impl import sources
+
+    real = sources._jsonl_texts
+    parsed = [0]
+
+    def counting(*args, **kwargs):
+        for text in real(*args, **kwargs):
+            parsed[0] += 1
+            yield text
+
+    monkeypatch.setattr(sources, "_jsonl_texts", counting)
+    (result,) = run_tasks(source, tok_dir, tmp_path / "out", 2, only=[1])
+    assert result.files == (1, 3, 5, 7) and parsed[0] == 3 + 3 + 3 + 2   # of 23 documents
+
+
+def _write_formats(docs: list[str], root: Path, kind: str) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir()
+    halves = [docs[:10], docs[10:]]
+    for i, part in enumerate(halves):
+        if kind == "parquet":
+            pq.write_table(pa.table({"text": part}), root / f"{i}.parquet", row_group_size=4)
+        elif kind == "arrow":
+            with pa.ipc.new_file(str(root / f"{i}.arrow"), pa.schema([("text", pa.string())])) as w:
+                for s in range(0, len(part), 4):
+                    w.write_table(pa.table({"text": part[s:s + 4]}))
+        else:   # txt with a BOM, CRLF endings and no final newline; jsonl with blank lines between records
+            if kind == "txt":
+                (root / f"{i}.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(part).encode())
+            else:
+                (root / f"{i}.jsonl").write_text("\n\n".join(json.dumps({"text": d}) for d in part) + "\n \n")
+    return root
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "txt", "jsonl"])
+def test_tasks_that_read_only_their_share_commit_the_local_build_of_every_format(tok_dir, tmp_path, kind):
+    docs = [" ".join(d.split()) or "alpha" for d in make_docs(23, seed=9)]
+    src = _write_formats(docs, tmp_path / "src", kind)
+    local = TokenStore.build(src, tok_dir, tmp_path / "local", num_proc=1, progress=False, **OPTS)
+    out = tmp_path / "out"
+    run_tasks(src, tok_dir, out, 3)
+    commit_build(out)
+    assert published(out) == published(local.path) and len(local) == 23

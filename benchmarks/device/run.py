@@ -90,31 +90,35 @@ def raw_encode(texts: list[str]) -> dict[str, Any]:
 
 
 @part("build")
-def build(data: Path, work: Path, cores: int) -> dict[str, Any]:
+def build(data: Path, work: Path, cores: int, docs_per_file: int | None) -> dict[str, Any]:
     from impl import TokenStore
 
-    out = work / "store"
+    out = work / ("store" if docs_per_file is None else "store-files")
     t0 = time.perf_counter()
-    store = TokenStore.build(str(data), str(TOKENIZER), str(out), num_proc=cores, overwrite=True)
+    store = TokenStore.build(str(data), str(TOKENIZER), str(out), num_proc=cores, overwrite=True,
+                             docs_per_file=docs_per_file)
     dt = time.perf_counter() - t0
     return {"tokens": store.num_tokens, "seconds": round(dt, 2), "tokens_per_s": round(store.num_tokens / dt),
-            "num_proc": cores}
+            "num_proc": cores, "files": store.num_files}
 
 
 @part("tasks")
-def task_build(data: Path, work: Path, tasks: int) -> dict[str, Any]:
+def task_build(data: Path, work: Path, tasks: int, docs_per_file: int) -> dict[str, Any]:
+    """``tasks`` processes of ``build_task`` (one token file each), the last to finish commits."""
     out = work / "store-tasks"
-    cli = [sys.executable, "-m", "impl.cli", "build"]
-    cmd = [*cli, str(data), str(out), "--tokenizer", str(TOKENIZER)]
+    code = ("import sys; from impl.build_tasks import build_task; "
+            f"build_task({str(data)!r}, {str(TOKENIZER)!r}, {str(out)!r}, task=int(sys.argv[1]), tasks={tasks}, "
+            f"docs_per_file={docs_per_file}, commit_when_done=True)")
+    env = {**os.environ, "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // tasks))}
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([*cmd, "--task", str(i), "--tasks", str(tasks)], cwd=ROOT) for i in range(tasks)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], cwd=ROOT, env=env) for i in range(tasks)]
     codes = [p.wait(timeout=900) for p in procs]
     if any(codes):
         raise RuntimeError(f"task exit codes {codes}")
-    subprocess.run([*cli, "--commit", str(out)], cwd=ROOT, check=True, timeout=900)
     dt = time.perf_counter() - t0
     meta = json.loads((out / "meta.json").read_text())
-    same = meta.get("fingerprint") == json.loads((work / "store" / "meta.json").read_text()).get("fingerprint")
+    local = work / "store-files" / "meta.json"
+    same = local.exists() and meta.get("fingerprint") == json.loads(local.read_text()).get("fingerprint")
     return {"tokens": meta["num_tokens"], "seconds": round(dt, 2), "tokens_per_s": round(meta["num_tokens"] / dt),
             "tasks": tasks, "same_fingerprint_as_local_build": same}
 
@@ -274,10 +278,13 @@ def main() -> None:
     RESULTS["machine"] = {"cores": cores, "docs": args.docs, "python": sys.version.split()[0]}
     if "encode" in parts:
         raw_encode(texts)
+    per_file = -(-args.docs // cores)
     if "build" in parts:
-        build(data, work, cores)
+        build(data, work, cores, None)
+        RESULTS["build_default_files"] = RESULTS.pop("build")
+        build(data, work, cores, per_file)
     if "tasks" in parts:
-        task_build(data, work, cores)
+        task_build(data, work, cores, per_file)
     if "stream" in parts:
         stream(data, work, cores)
     if "loader" in parts:
@@ -285,7 +292,7 @@ def main() -> None:
     if "gpu" in parts:
         gpu_step(work, min(8, cores), args.steps)
     enc = RESULTS.get("encode", {}).get("tokens_per_s")
-    for name in ("build", "tasks"):
+    for name in ("build_default_files", "build", "tasks"):
         got = RESULTS.get(name, {}).get("tokens_per_s")
         if enc and got:
             RESULTS[name]["ratio_to_raw_encode"] = round(got / enc, 3)

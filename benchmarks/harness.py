@@ -70,8 +70,9 @@ def unchecked_store(path: str | os.PathLike[str]) -> Any:
     from unittest import mock
 
     from impl.store import TokenStore
+    from impl.store_files import StoreFiles
 
-    with mock.patch.object(TokenStore, "_new_blocks", lambda self, *args: None):
+    with mock.patch.object(StoreFiles, "new_blocks", lambda self, *args: None):
         store = TokenStore.open(path)
         for f in range(store.num_files):
             store._map(f)

@@ -200,6 +200,7 @@ class TokenStore:
                 store.verify()
             return store
         root = Path(path)
+        name = str(path) if "://" in str(path) else str(root)   # how messages name it: Path() would fold a URL's //
         access: FileAccess = LocalFiles(root) if files is None else files
         try:
             raw = bytes(access.map(META_FILE))   # the directory is looked at only when this fails (a resume opens a store)
@@ -222,8 +223,8 @@ class TokenStore:
             meta = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise StoreCorruptError(f"{access.where(META_FILE)} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
-        validate_meta(root, meta)
-        store = cls(root, meta, access)
+        validate_meta(name, meta)
+        store = cls(root, meta, access, name=name)
         if verify:
             store.verify()
         return store
@@ -385,7 +386,7 @@ class TokenStore:
         return self._n
 
     def __repr__(self) -> str:
-        return (f"TokenStore({str(self._path)!r}, documents={self._n}, tokens={self.num_tokens}, "
+        return (f"TokenStore({self._maps.path!r}, documents={self._n}, tokens={self.num_tokens}, "
                 f"dtype={self._dtype.name}, files={len(self._records)})")
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -623,7 +624,7 @@ class TokenStore:
     def __reduce__(self) -> tuple[Any, tuple[str, str, FileAccess]]:
         # Processes (e.g. DataLoader workers under spawn) get the path, fingerprint and file access,
         # never the tokens; the receiver re-opens through the same access and checks it sees the same store.
-        return (_reopen, (str(self._path), self.fingerprint, self._files))
+        return (_reopen, (self._maps.path, self.fingerprint, self._files))
 
 
 def _optional_int(value: Any) -> int | None:

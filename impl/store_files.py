@@ -94,7 +94,7 @@ class StoreFiles:
     """
 
     def __init__(self, path: Path | str, meta: dict[str, Any], files: FileAccess) -> None:
-        self.path = path
+        self.path = str(path)
         self.files = files
         self.dtype: np.dtype[Any] = np.dtype(meta["dtype"])
         try:
@@ -116,12 +116,12 @@ class StoreFiles:
         self.tables: dict[str, np.ndarray] = {}
         if self.version >= 3:
             self.table_at = [0, *itertools.accumulate(-(-r.size // self.block_bytes) for r in self.records)]
-            check_crc_table_size(files, Path(path), meta, CRC_TABLES[0], self.table_at[-1],
+            check_crc_table_size(files, path, meta, CRC_TABLES[0], self.table_at[-1],
                                  f"blocks of {self.block_bytes} bytes")
         #: Format 4: one byte per document of the store, 1 once its CRC passed (a demand-zero map, made on first use).
         self.documents_verified: mmap.mmap | None = None
         if self.version >= 4:
-            check_crc_table_size(files, Path(path), meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
+            check_crc_table_size(files, path, meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
         self.file_doc_starts = [0, *itertools.accumulate(r.num_documents for r in self.records)]
         self.n = int(meta["num_documents"])
         self.lock = threading.Lock()
@@ -235,7 +235,7 @@ class StoreFiles:
         """CRC table ``name``'s ``entries`` recorded CRC-32s (big-endian uint32), one read-only mapping made on first use."""
         table = self.tables.get(name)
         if table is None:
-            mm = map_read_only(self.files, name, crc_table_where(Path(self.path), name), 4 * entries)
+            mm = map_read_only(self.files, name, crc_table_where(self.path, name), 4 * entries)
             table = self.tables[name] = np.frombuffer(mm, dtype=">u4")
         return table
 
@@ -378,7 +378,7 @@ class StoreFiles:
             digest = sha256_of(self.files, spec.name)
             if digest != recorded:
                 raise StoreCorruptError(
-                    f"{crc_table_where(Path(self.path), spec.name)} changed since it was built (sha256 "
+                    f"{crc_table_where(self.path, spec.name)} changed since it was built (sha256 "
                     f"{digest[:16]}..., recorded {str(recorded)[:16]}...): the {spec.entry} checks cannot be "
                     f"trusted; {REBUILD_HINT}"
                 )

@@ -195,3 +195,21 @@ def test_waiting_on_a_download_that_makes_no_progress_is_bounded_and_names_the_h
     with files.cache.download_lock("f0.bin"), waits:   # another holder (its own lock description), never progressing
         files.map("f0.bin")
     assert bytes(files.map("f0.bin")) == content["f0.bin"]   # released: the next reader downloads it
+
+
+def test_a_store_opened_by_url_names_the_url_unfolded_in_its_repr_and_messages(tmp_path):
+    from impl.errors import StoreCorruptError, StoreError
+    from impl.store import TokenStore
+
+    built = TokenStore.from_token_files([[[1, 2, 3], [4]], [[5, 6]]], tmp_path / "store", vocab_size=10)
+    url = f"file://{built.path}"          # file:///tmp/...: Path() would fold it to file:/tmp/...
+    store = TokenStore.open(url, local=tmp_path / "cache")
+    assert store[2].tolist() == [5, 6]
+    assert f"TokenStore({url!r}," in repr(store)
+    store.close()
+    with pytest.raises(StoreError, match=f"token store {url} is closed; open it again with TokenStore.open"):
+        store[0]
+    second = built.file_records[1].name
+    (built.path / second).unlink()
+    with pytest.raises(StoreCorruptError, match=f"token store {url}: file {second} is missing"):
+        TokenStore.open(url, local=tmp_path / "cache2")

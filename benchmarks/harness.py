@@ -74,8 +74,9 @@ def unchecked_store(path: str | os.PathLike[str]) -> Any:
 
     with mock.patch.object(StoreFiles, "new_blocks", lambda self, *args: None):
         store = TokenStore.open(path)
+        none = np.empty(0, dtype=np.int64)
         for f in range(store.num_files):
-            store._map(f)
+            store.check_blocks(f, none, none)   # no range: maps the file (registering no checks) and reads nothing
     return store
 
 

@@ -34,8 +34,9 @@ import pyarrow as pa
 
 from impl._arrays import demand_zero
 from impl.errors import REBUILD_HINT, LoadspecError, StoreCorruptError, StoreError
+from impl.file_checks import FileChecks
 from impl.files import FileAccess
-from impl.integrity import FileChecks, Integrity
+from impl.integrity import Integrity
 from impl.store_format import (
     BLOCK_TABLE,
     COLUMN,

@@ -108,6 +108,11 @@ def groups(files: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     return [(int(ordered[a]), order[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
+#: :func:`copy_runs` callers (``TokenStore.read_runs``, ``TokenSource.gather``) copy one slice per run when runs
+#: average at least this many tokens, else fancy-index every token at once (faster for many tiny runs).
+SLICE_MIN_WIDTH = 16
+
+
 def copy_runs(values: Sequence[np.ndarray], files: np.ndarray, starts: np.ndarray, stops: np.ndarray,
               by_file: list[tuple[int, np.ndarray | None]], out: np.ndarray, dest: np.ndarray,
               tail: np.ndarray | None, *, slices: bool) -> np.ndarray:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from impl._arrays import copy_runs, groups
+from impl._arrays import SLICE_MIN_WIDTH, copy_runs, groups
 from impl.encoding import TokenizerInfo
 from impl.errors import (
     REBUILD_HINT,
@@ -91,9 +91,6 @@ __all__ = [
     "sha256_file",
 ]
 
-#: :meth:`TokenStore.read_runs` copies one slice per run when runs average at least this many tokens, else it
-#: fancy-indexes every token at once (faster for many tiny runs).
-SLICE_MIN_WIDTH = 16
 
 
 class TokenStore:
@@ -498,7 +495,7 @@ class TokenStore:
         past ``len(out)`` addresses ``tail`` instead (at ``dest - len(out)``):
         the fill writes a batch's token grid and each piece's next token in
         one call. Copies are one slice per run when runs average at least
-        :data:`SLICE_MIN_WIDTH` tokens, else one fancy index per file.
+        :data:`~impl._arrays.SLICE_MIN_WIDTH` tokens, else one fancy index per file.
 
         >>> store.read_runs(np.array([0, 0]), np.array([0, 7]), np.array([2, 8])).tolist()   # doctest: +SKIP
         [15496, 995, 3886]

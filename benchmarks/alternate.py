@@ -53,10 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("old", type=Path, help="the old tree")
     parser.add_argument("new", type=Path, help="the new tree")
     parser.add_argument("--runs", type=int, default=3, help="runs per tree (alternating old, new)")
+    parser.add_argument("--only", default="", help="keep only benchmarks whose id contains this (e.g. resume-impl-fresh)")
     args = parser.parse_args(argv)
     size = os.environ.get("LOADSPEC_BENCH_SIZE", "S")
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
-    ids = node_ids(trees["new"], size)
+    ids = [i for i in node_ids(trees["new"], size) if args.only in i]
     got: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.runs):

@@ -8,7 +8,7 @@ batches) needs a longer window, too long for a pytest-benchmark round. Here
 each run iterates ``--batches`` batches of 8 x 2048 packed tokens twice, in
 alternation: on a new store object whose blocks and documents are all
 unverified (``first``), and on one whose files carry no checks at all
-(``unchecked``: ``TokenStore._new_blocks`` returns None, and the fill makes no
+(``unchecked``: ``StoreFiles.new_blocks`` returns None, and the fill makes no
 check call). The overhead is first / unchecked - 1, as ``check_overhead`` is
 in the benchmark.
 
@@ -81,8 +81,7 @@ def floor(size: str, batches: int, runs: int) -> dict[str, float]:
         first, length = store.document_bounds_batch(files, docs - starts[files])
         item = store.dtype.itemsize
         spans = list(zip(files.tolist(), (first * item).tolist(), (length * item).tolist()))
-        fresh = TokenStore.open(corpus.store())
-        views = [memoryview(fresh._map(f)[0]).cast("B") for f in range(fresh.num_files)]
+        views = [memoryview(v).cast("B") for v in harness.mapped_token_files(corpus.store())]   # a fresh mapping
         rows = [spans[k:k + 32] for k in range(0, len(spans), 32)]
         start = time.perf_counter()
         if run % 2 == 0:

@@ -70,11 +70,13 @@ def unchecked_store(path: str | os.PathLike[str]) -> Any:
     from unittest import mock
 
     from impl.store import TokenStore
+    from impl.store_files import StoreFiles
 
-    with mock.patch.object(TokenStore, "_new_blocks", lambda self, *args: None):
+    with mock.patch.object(StoreFiles, "new_blocks", lambda self, *args: None):
         store = TokenStore.open(path)
+        none = np.empty(0, dtype=np.int64)
         for f in range(store.num_files):
-            store._map(f)
+            store.check_blocks(f, none, none)   # no range: maps the file (registering no checks) and reads nothing
     return store
 
 

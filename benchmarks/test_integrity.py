@@ -30,7 +30,7 @@ for the first time):
   file and checking all of its offsets (``store._part``: one ``mmap`` at the
   recorded buffer layout, the CRC of every block holding document offsets),
   what whole-file readers (``doc_offsets``, iteration) pay per file;
-  ``files-map-lazy``: mapping only (``store._map``), what a batch pays per
+  ``files-map-lazy``: mapping only (``check_blocks`` of no range), what a batch pays per
   file before it checks the few offsets and token blocks it reads.
 
 ``impl-first-vs-verified``: what a first read really adds, in the loader's
@@ -186,8 +186,9 @@ def test_integrity(benchmark, w: Integrity, corpus, size: str, smoke: bool, impl
                 for f in range(store.num_files):
                     store._part(f)
             elif w.mode == "files-map-lazy":
+                none = np.empty(0, dtype=np.int64)
                 for f in range(store.num_files):
-                    store._map(f)
+                    store.check_blocks(f, none, none)
             else:
                 for f, n in enumerate(store.file_token_counts):
                     store.check_blocks(f, np.array([0]), np.array([n]))

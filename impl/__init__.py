@@ -51,9 +51,10 @@ if TYPE_CHECKING:
     )
     from impl.evaluation import EvalBuildError, EvalDataset, build_eval_dataset
     from impl.hf import HuggingFaceDataset
+    from impl.interleave import interleave_datasets
     from impl.keys import SampleKey
     from impl.loader import ElasticLoader, build_dataloader
-    from impl.mixed_dataset import MixedDataset, interleave_datasets
+    from impl.mixed_dataset import MixedDataset
     from impl.mixing import balance_remaining
     from impl.partition import ElasticSampler, distributed_topology
     from impl.remote import RemoteFiles
@@ -110,7 +111,7 @@ _MODULE_OF = {
     "collate": "impl.collation",
     "cu_seqlens": "impl.collation",
     "distributed_topology": "impl.partition",
-    "interleave_datasets": "impl.mixed_dataset",
+    "interleave_datasets": "impl.interleave",
     "pad_stack_1d": "impl.collation",
     "select": "impl.splits",
     "shard_dataset_data_parallel": "impl.sharding",

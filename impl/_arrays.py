@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -105,3 +106,49 @@ def groups(files: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     ordered = files[order]
     bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(files)]
     return [(int(ordered[a]), order[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+#: :func:`copy_runs` callers (``TokenStore.read_runs``, ``TokenSource.gather``) copy one slice per run when runs
+#: average at least this many tokens, else fancy-index every token at once (faster for many tiny runs).
+SLICE_MIN_WIDTH = 16
+
+
+def copy_runs(values: Sequence[np.ndarray], files: np.ndarray, starts: np.ndarray, stops: np.ndarray,
+              by_file: list[tuple[int, np.ndarray | None]], out: np.ndarray, dest: np.ndarray,
+              tail: np.ndarray | None, *, slices: bool) -> np.ndarray:
+    """Copy ``values[files[r]][starts[r]:stops[r]]`` to ``out[dest[r]:]`` (a ``dest`` past ``out``: into ``tail``).
+
+    ``by_file`` is :func:`groups` of ``files``; ``slices`` copies one slice per run, else one fancy index per
+    file (faster for many tiny runs).
+
+    >>> out, tail = np.zeros(3, np.int64), np.zeros(1, np.int64)
+    >>> f, a, b, d = np.array([0, 1]), np.array([1, 0]), np.array([3, 2]), np.array([0, 2])
+    >>> copy_runs([np.arange(5), np.arange(10, 15)], f, a, b, groups(f), out, d, tail, slices=False).tolist(), tail
+    ([1, 2, 10], array([11]))
+    """
+    T = len(out)
+    widths = stops - starts
+    if slices:
+        for q, x0, x1, to in zip(files.tolist(), starts.tolist(), stops.tolist(), dest.tolist()):
+            part = values[q]
+            if to < T:
+                out[to:to + x1 - x0] = part[x0:x1]
+            elif tail is not None:
+                tail[to - T:to - T + x1 - x0] = part[x0:x1]
+        return out
+    into = ranges(dest, widths)
+    got = np.empty(len(into), dtype=out.dtype)
+    for f, sel in by_file:
+        part = values[f]
+        if sel is None:
+            got[:] = part[ranges(starts, widths)]
+        else:
+            got[ranges(exclusive_cumsum(widths)[sel], widths[sel])] = part[ranges(starts[sel], widths[sel])]
+    front = into < T
+    if front.all():
+        out[into] = got
+    else:
+        out[into[front]] = got[front]
+        if tail is not None:
+            tail[into[~front] - T] = got[~front]
+    return out

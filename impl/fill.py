@@ -43,7 +43,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from impl._arrays import demand_zero, distinct_ints, exclusive_cumsum, ranges
+from impl._arrays import SLICE_MIN_WIDTH, copy_runs, demand_zero, distinct_ints, exclusive_cumsum, ranges
 from impl._arrays import groups as _groups
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, require
@@ -60,10 +60,6 @@ __all__ = [
 ]
 
 _I64 = np.int64
-SLICE_MIN_WIDTH = 16
-"""``TokenSource.gather`` copies a file's runs one slice each when they average at least this many tokens; otherwise
-it fancy-indexes every token at once (faster for many tiny runs)."""
-
 _NO_TOKENS = np.zeros(0, dtype=_I64)
 Loader = Callable[[int], tuple[np.ndarray, np.ndarray]]
 Checker = Callable[[int, np.ndarray, np.ndarray], None]
@@ -311,33 +307,9 @@ class TokenSource:
             if check is not None:
                 check(f, starts if sel is None else starts[sel], stops if sel is None else stops[sel])
             self.file(f)
-        widths = stops - starts
-        T = len(out)
-        if int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths):
-            values = [_NO_TOKENS if got is None else got[0] for got in self._files]
-            for q, x0, x1, at in zip(files.tolist(), starts.tolist(), stops.tolist(), dest.tolist()):
-                part = values[q]
-                if at < T:
-                    out[at:at + x1 - x0] = part[x0:x1]
-                elif tail is not None:
-                    tail[at - T:at - T + x1 - x0] = part[x0:x1]
-            return
-        into = ranges(dest, widths)
-        got = np.empty(len(into), dtype=_I64)
-        for f, sel in groups:
-            if sel is None:
-                got[:] = self.file(f)[0][ranges(starts, widths)]
-            else:
-                at = ranges(exclusive_cumsum(widths)[sel], widths[sel])
-                got[at] = self.file(f)[0][ranges(starts[sel], widths[sel])]
-        front = into < T
-        if front.all():
-            out[into] = got
-        else:
-            out[into[front]] = got[front]
-            if tail is not None:
-                tail[into[~front] - T] = got[~front]
-
+        values = [_NO_TOKENS if got is None else got[0] for got in self._files]
+        copy_runs(values, files, starts, stops, groups, out, dest, tail,
+                  slices=int((stops - starts).sum()) >= SLICE_MIN_WIDTH * len(files))
 
 def _demand_zero_rows(n: int) -> np.ndarray:
     """An ``n x 2`` int64 table of zeros whose pages are zeroed by the kernel as they are first touched.

@@ -1,22 +1,17 @@
 """Integrity: the one component that answers "verified" before any reader sees a token file's bytes.
 
 Why a component of its own: the rule "no token value or document boundary
-is served before its bytes are checked" is the store's guarantee, and it
-holds only if every reader goes through one owner of the checks. The
-:class:`~impl.store.TokenStore` maps a file (through its file seam) and
+is served before its bytes are checked" holds only if every reader goes
+through one owner of the checks. :mod:`impl.store_files` maps a file and
 hands this component the mapped bytes and the recorded tables
-(:class:`FileChecks`: the file's block CRCs, format 2 to 4, and document
-CRCs, format 4); every read the store serves, and every run it copies for
-the fill (:meth:`~impl.store.TokenStore.read_runs`), first asks here.
+(:class:`FileChecks`); every read the store serves, and every run it copies
+(``TokenStore.read_runs``), first asks here.
 
-What it checks: each 16 KiB block of a file's bytes against its recorded
-CRC-32 on the block's first read by this store object (formats 2 to 4),
-and each document's tokens against its own CRC-32 (format 4) when its
-bounds are first asked for; a block or document is CRC'd once per store
-object and remembered in a per-file bitmap. A changed block or document
-raises :class:`~impl.errors.StoreCorruptError` naming the store, the file,
-the bytes and the fix. Format 1 files carry no checksums: nothing is
-tracked for them (their quick signature is checked when they are mapped).
+What it checks: each 16 KiB block of a file against its recorded CRC-32
+(formats 2 to 4) and each document's tokens against its own CRC-32 (format
+4), each once per store object, remembered in a per-file bitmap. A changed
+block or document raises :class:`~impl.errors.StoreCorruptError` naming the
+store, the file, the bytes and the fix. Format 1 carries no checksums.
 
 Worked example (a store object's first read of document 3 of file 0)::
 
@@ -27,7 +22,6 @@ Worked example (a store object's first read of document 3 of file 0)::
 from __future__ import annotations
 
 import operator
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 
@@ -36,6 +30,7 @@ import numpy as np
 from impl._arrays import distinct, distinct_ints, groups
 from impl._crc import crc32
 from impl.errors import REBUILD_HINT, StoreCorruptError
+from impl.file_checks import FileChecks
 from impl.store_format import DOCUMENT_TABLE, META_FILE, OFFSET_BYTES, FileRecord
 
 __all__ = ["FileChecks", "Integrity"]
@@ -43,81 +38,9 @@ __all__ = ["FileChecks", "Integrity"]
 #: Up to this many ranges, block checks loop in Python over ``bytearray.find`` (numpy's per-call cost is more).
 _SMALL = 64
 #: A first read continuing a sequential streak of at least ``_READ_AHEAD_AFTER`` bytes (a reader in file order)
-#: also verifies as many blocks past it as the streak holds, up to ``_READ_AHEAD_BYTES``, so the next batches find
+#: also verifies as many blocks past it as the streak holds, up to ``READ_AHEAD_BYTES``, so the next batches find
 #: them verified and pay one ``find`` each (``TokenStore._first_read``).
-_READ_AHEAD_BYTES = 512 * 1024
 _READ_AHEAD_AFTER = 64 * 1024
-
-class FileChecks:
-    """One mapped file's recorded block checksums and the blocks this store object has verified.
-
-    ``data`` is the whole file as a read-only memoryview of the same mapping
-    the tokens are served from, so a block is checked in exactly the bytes a
-    reader copies; ``base`` is the byte offset of the file's token values,
-    ``offsets_at`` that of its document offsets and ``offsets_blocks`` the
-    blocks holding them (first, last; ``(0, -1)`` when it has none);
-    ``offsets_done`` says every one of them is verified and the end offsets
-    were checked (then offsets are read unchecked). ``verified`` holds one
-    byte per block (1: verified), a ``bytearray`` so that "is any block of
-    ``[a, b]`` unverified" is one C-level ``verified.find(0, a, b + 1)``;
-    ``verified_np`` is the same memory as a numpy bool array for the
-    vectorised paths; ``left`` counts the unverified blocks (``complete``
-    when 0). ``recorded`` is the file's slice of the block table (format 3);
-    else ``hex`` is the file's ``block_crc32`` string (format 2), each
-    block's 8 digits parsed when it is checked. ``frontier`` is the block
-    after the last first read's last block (-1 before any), ``streak`` the
-    blocks of the sequential run that read ended (``Integrity._first_read``).
-    ``documents`` is the file's slice of the document table (format 4, else
-    None), ``documents_verified`` one byte per document whose CRC passed
-    (``Integrity.verify_documents``; the file's slice of the store's
-    demand-zero map, so a fresh resume touches a page per document it
-    checks, not 64 KiB per file) and ``documents_left`` about how many have
-    not (a hint: ``complete`` is set only after a scan confirms it).
-    """
-
-    __slots__ = ("base", "block", "complete", "count", "data", "documents", "documents_left", "documents_verified",
-                 "frontier", "hex",
-                 "itemsize", "left", "lock", "offsets_at", "offsets_blocks", "offsets_done", "read_ahead", "recorded",
-                 "size", "streak", "verified", "verified_np")
-
-    def __init__(self, data: memoryview, base: int, itemsize: int, block: int, crc_hex: str, offsets_at: int,
-                 recorded: np.ndarray | None = None, offsets_bytes: int = 0,
-                 documents: np.ndarray | None = None, documents_verified: memoryview | None = None) -> None:
-        self.data = data
-        self.size = len(data)
-        self.base = base
-        self.itemsize = itemsize
-        self.block = block
-        self.hex = crc_hex
-        self.recorded = recorded
-        self.count = len(crc_hex) // 8 if recorded is None else len(recorded)
-        self.offsets_at = offsets_at
-        self.offsets_blocks = ((offsets_at // block, (offsets_at + offsets_bytes - 1) // block) if offsets_bytes
-                               else (0, -1))
-        self.verified = bytearray(self.count)
-        self.verified_np = np.frombuffer(self.verified, dtype=np.bool_)
-        self.left = self.count
-        self.complete = self.count == 0
-        self.offsets_done = self.complete
-        self.frontier = -1
-        self.streak = 0
-        self.read_ahead = max(1, _READ_AHEAD_BYTES // block)
-        self.lock = threading.Lock()
-        self.documents = documents
-        self.documents_verified = memoryview(bytearray()) if documents_verified is None else documents_verified
-        self.documents_left = len(self.documents_verified)
-
-    def reset(self) -> None:
-        """Forget every verification (``verify`` checks every block again)."""
-        with self.lock:
-            self.verified_np[:] = False
-            self.documents_verified[:] = bytes(len(self.documents_verified))
-            self.documents_left = len(self.documents_verified)
-            self.left = self.count
-            self.complete = self.offsets_done = self.count == 0
-            self.frontier = -1
-            self.streak = 0
-
 
 class Integrity:
     """A store's checks over its mapped files: block and document CRCs, verified once each per store object.
@@ -277,12 +200,9 @@ class Integrity:
         """:meth:`document_bounds` of many files at once: ``(start, length)`` of document ``docs[i]`` of ``files[i]``.
 
         Why: a fresh resume's first batch names a few dozen documents in a
-        dozen files; one call that maps each file on first use and reads
-        each document's two offsets entries (after the blocks holding them
-        passed their CRC) pays Python's cost per document once, where a
-        numpy pipeline per file pays numpy's fixed cost per call for every
-        file. Many documents, or many per file touched (a batch in file
-        order), go through :meth:`document_bounds` file by file.
+        dozen files; one Python pass pays per document once, where a numpy
+        pipeline per file pays its fixed cost per file. Many documents, or
+        many per file (file order), go through :meth:`document_bounds`.
 
         >>> store.document_bounds_batch(np.array([0, 2]), np.array([3, 0]))      # doctest: +SKIP
         (array([9, 0]), array([4, 3]))
@@ -447,7 +367,7 @@ class Integrity:
         A read whose first block is the file's frontier (the block after the
         previous first read) continues a sequential streak; once the streak
         holds :data:`_READ_AHEAD_AFTER` bytes, the read also verifies as many
-        blocks past it as the streak holds, up to :data:`_READ_AHEAD_BYTES`
+        blocks past it as the streak holds, up to :data:`~impl.file_checks.READ_AHEAD_BYTES`
         (the window doubles as a reader in file order goes on). Why a streak
         and not "the block before is verified": under a global shuffle a
         random block's neighbour is verified more and more often as an epoch
@@ -531,45 +451,23 @@ class Integrity:
 
         ``starts``/``stops`` are file-local token offsets (int64 arrays of
         equal length; empty ranges are ignored). **Every reader of token
-        values must call this first**, for the ranges it is about to copy:
-        every reader of this class does (readers outside it copy through
-        :meth:`read_runs`, which calls it). A
-        format-2/3 file's bytes are covered by one CRC-32 per block
-        (:data:`BLOCK_BYTES`, 16 KiB, in stores the builder writes); a
-        block is CRC'd from the mapping on its first read by this store
-        object and remembered in a per-file bitmap, so a range in verified
-        blocks costs a ``bytearray.find``, and a file whose blocks are all
-        verified costs one list index and one attribute test (the first lines
-        below: keep that path short). A block that changed since the build
-        raises :class:`StoreCorruptError` naming the store, the file, the
-        block and its bytes, and the fix.
+        values must call this first** (readers outside this class copy
+        through ``TokenStore.read_runs``, which does). A block is CRC'd from
+        the mapping on its first read by this store object and remembered in
+        a per-file bitmap, so a range in verified blocks costs a
+        ``bytearray.find`` and a complete file one attribute test (the first
+        lines below: keep that path short). A changed block raises
+        :class:`StoreCorruptError` naming the store, the file, the block and
+        its bytes, and the fix. Format-1 files have no checksums: for them
+        this only maps the file.
 
-        Why blocks of the file's bytes (not of the token values): one scheme
-        covers values, offsets and Arrow metadata alike, and the build
-        computes it in the same read as the file's sha256. Why 16 KiB: a
-        fresh resume's first batch reads a few dozen documents, each in a
-        different block of values and of offsets, and CRCs every block it
-        touches whole (with its first-touch page faults), so the block size
-        sets that batch's cost; smaller blocks cost a sequential first read
-        more Python per block, which 16 KiB keeps small (the figures:
-        benchmarks/README.md, "Design figures"). Up to :data:`_SMALL` ranges
-        are walked in Python (a numpy pipeline costs more than it saves
-        there).
-        A first read continuing a sequential streak (a reader in file order)
-        also verifies blocks ahead, up to 512 KiB (:meth:`_first_read`), still
-        before any of their tokens is served: the batches after it find their
-        blocks verified and pay one ``find`` each (the read-ahead lowers the
-        checks' share of a file-order first read: ``python -m
-        benchmarks.first_epoch --shuffle none``); a random first read
-        (a resume's first batch, a global shuffle) verifies only what it reads.
-        A batch's runs in several files are checked in one call by
-        :meth:`check_blocks_batch`.
-        A document's offsets are checked per entry by
-        :meth:`document_bounds`. Format-1 files have no block checksums: for
-        them this only maps the file (quick signature).
-
-        Thread-safe: concurrent readers may check the same block; each block
-        is CRC'd once under its file's lock.
+        Why blocks of the file's bytes: one scheme covers values, offsets and
+        Arrow metadata alike, and the build computes it in the same read as
+        the file's sha256; the block size (16 KiB) sets a fresh resume's
+        first batch cost (benchmarks/README.md, "Design figures"). A first
+        read continuing a sequential streak also verifies up to 512 KiB ahead
+        (:meth:`_first_read`), still before any of their tokens is served.
+        Thread-safe: each block is CRC'd once under its file's lock.
 
         >>> store.check_blocks(0, np.array([0, 100]), np.array([10, 4096]))   # doctest: +SKIP
         """

@@ -1,123 +1,72 @@
 """TokenStore: tokenize a corpus once into memory-mapped Arrow files, then read it zero-copy.
 
 Why a store: pretraining reads every document many times (epochs, resumes,
-elastic restarts). Tokenizing on the fly repeats the most expensive step,
-makes throughput depend on the tokenizer, and makes "document i" depend on
-whatever the text pipeline did that day. The store fixes the tokens once, and
-gives every loader the same numbered documents:
+elastic restarts). Tokenizing on the fly repeats the most expensive step and
+makes "document i" depend on whatever the text pipeline did that day. The
+store fixes the tokens once: document ``i`` is the ``i``-th document of the
+source, in source order (empty documents kept), its tokens a numpy view of
+the page cache (uncompressed Arrow IPC files, ``docs_per_file`` consecutive
+documents each, so the same inputs give byte-identical files).
 
-* document ``i`` of the store is the ``i``-th document of the source, in source
-  order (files in a directory sorted by name); empty documents are kept;
-* tokens live in uncompressed Arrow IPC *file* format, so ``pa.memory_map``
-  plus ``pa.ipc.open_file`` hands out numpy views of the page cache (no copy,
-  no deserialisation, read-only);
-* ``meta.json`` (written last, atomically) records sizes, hashes, where
-  each file's buffers lie and a content fingerprint, ``blocks.crc32`` a
-  CRC-32 per 16 KiB block of every file and ``documents.crc32`` one per
-  document, so :meth:`TokenStore.open` can refuse a store that is
-  incomplete, truncated, edited or from a newer format, in time independent
-  of the store's size, and every reader refuses a changed block or document
-  before serving any of its tokens or using any of its offsets
-  (:meth:`TokenStore.check_blocks`, :meth:`TokenStore.document_bounds`).
+Guarantee: no reader returns a token of a format-2+ file whose block
+changed since the build, and document boundaries come only from checked
+offsets (format 4 checks a document by its own CRC-32 instead). Each block
+and document is CRC'd once per store object, on its first read;
+:meth:`TokenStore.verify` checks every byte again. :meth:`TokenStore.read_runs`
+is the one checked read that the store's own accessors, the fill, splits
+and mixtures use.
 
-What is on disk (the files of ``out_dir``, ``meta.json``, the CRC tables,
-format versions 1 to 4 and what each adds) is described once in
-:mod:`impl.store_format`, which the writer imports too.
-
-Guarantee: no reader returns a token of a format-2, 3 or 4 file whose
-block changed since the build, and document boundaries come only from
-checked offsets: the blocks holding a document's two offsets entries are
-checked before they are read (:meth:`TokenStore.document_bounds`,
-:meth:`TokenStore.document_bounds_batch`), all of a file's offsets blocks
-before whole-file uses (``doc_offsets``, ``lengths``, iteration). In a
-format-4 file a document returned by those two is checked instead by its
-own CRC-32, over the tokens its offsets entries name, which covers both.
-Each block and each document is CRC'd once per store object (per
-process), on its first read; one changed *after* this object verified it
-is not seen again until the store is opened anew (or
-:meth:`TokenStore.verify` runs). A changed entry of a table refuses its
-block or document (never accepts a changed one, barring a CRC collision).
-
-Files hold ``docs_per_file`` consecutive documents each (the last one fewer);
-the split depends only on the document count, never on ``num_proc``, so the
-same inputs always give byte-identical files and the same fingerprint.
-
-What a store is made from lives next door: :mod:`impl.sources` turns the
-user's source into ordered document texts, :mod:`impl.encoding` pins the
-tokenizer down and turns texts into token ids. :mod:`impl.store_format` owns
-what is on disk (the layout, ``meta.json`` and its validation, signatures,
-the fingerprint); this module owns reading it, through the file seam of
-:mod:`impl.files`; :mod:`impl.integrity` owns the block and document checks
-every read asks first; :mod:`impl.build` owns writing it (in this process or
-in spawned workers) and publishing it atomically.
+Who owns what: :mod:`impl.store_format` what is on disk (the layout,
+``meta.json``, the CRC tables, the fingerprint); :mod:`impl.store_files` how
+a token file is mapped (through the seam of :mod:`impl.files`) and checked
+against its record; :mod:`impl.integrity` the block and document checks;
+:mod:`impl.build` writing and publishing a store; this module reading it.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
-import hashlib
 import itertools
 import json
-import mmap
 import operator
 import os
-import threading
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from impl._arrays import demand_zero, exclusive_cumsum, groups, ranges
+from impl._arrays import SLICE_MIN_WIDTH, copy_runs, groups
 from impl.encoding import TokenizerInfo
 from impl.errors import (
     REBUILD_HINT,
     ConfigError,
-    LoadspecError,
     SourceError,
     StoreCorruptError,
-    StoreError,
     StoreNotFoundError,
 )
 from impl.files import FileAccess, LocalFiles
-from impl.integrity import FileChecks, Integrity
+from impl.store_files import FileViews, StoreFiles
 from impl.store_format import (
     BLOCK_BYTES,
     BLOCK_TABLE,
-    COLUMN,
-    CRC_TABLES,
     DEFAULT_DOCS_PER_FILE,
     DOCUMENT_TABLE,
     FILE_TEMPLATE,
     FORMAT_NAME,
     FORMAT_VERSION,
     META_FILE,
-    OFFSET_BYTES,
     QUICK_SIGNATURE_BYTES,
     READABLE_FORMAT_VERSIONS,
     BuildOptions,
     FileRecord,
     arrow_buffer_layout,
-    arrow_type,
-    buffer_layout,
-    check_crc_table_size,
-    crc_table_where,
     hash_documents,
     hash_file_blocks,
     quick_signature,
-    quick_signature_of,
     sha256_file,
-    sha256_of,
     validate_meta,
 )
-
-# Called by the reader under these module-level names, which tests replace to count or refuse Arrow parses and
-# to recompute fingerprints (``impl.store._open_arrow``, ``impl.store._content_fingerprint``).
-from impl.store_format import content_fingerprint as _content_fingerprint
-from impl.store_format import open_arrow_buffer as _open_arrow
 
 __all__ = [
     "BLOCK_BYTES",
@@ -142,63 +91,6 @@ __all__ = [
     "sha256_file",
 ]
 
-#: :meth:`TokenStore.read_runs` copies one slice per run when runs average at least this many tokens, else it
-#: fancy-indexes every token at once (faster for many tiny runs).
-SLICE_MIN_WIDTH = 16
-
-
-
-# --------------------------------------------------------------------------- the store
-
-
-
-def _map_read_only(files: FileAccess, name: str, where: str, size: int) -> mmap.mmap | bytes:
-    """File ``name`` mapped read-only through ``files``, refused with ``StoreCorruptError`` unless it holds ``size`` bytes.
-
-    ``where`` names the file in the messages.
-    """
-    try:
-        mm = files.map(name)
-    except LoadspecError:
-        raise   # the access's own typed refusal (a remote download, a full cache) names its fix, not a rebuild
-    except FileNotFoundError:
-        raise StoreCorruptError(f"{where} is missing; {REBUILD_HINT}") from None
-    except (OSError, ValueError) as exc:
-        raise StoreCorruptError(f"{where} could not be mapped ({exc}); {REBUILD_HINT}") from exc
-    if len(mm) != size:
-        raise StoreCorruptError(f"{where} changed since it was built ({len(mm)} bytes, {size} when built); {REBUILD_HINT}")
-    return mm
-
-
-class _Parts:
-    """A store's per-file token values (``which=0``) or offsets (``which=1``), each mapped on first use.
-
-    Why lazy: opening a store should cost metadata and a few bytes per file, not
-    an Arrow footer parse per file; a file is mapped and its layout validated
-    the first time any of its tokens or offsets is needed.
-    """
-
-    __slots__ = ("_store", "which")
-
-    def __init__(self, store: TokenStore, which: int) -> None:
-        self._store = weakref.ref(store)   # no cycle: a dropped store is freed, and its files unmapped, at once
-        self.which = which
-
-    @property
-    def store(self) -> TokenStore:
-        store = self._store()
-        if store is None:
-            raise StoreError("the TokenStore these files belong to was dropped; keep a reference to it while reading")
-        return store
-
-    def __getitem__(self, f: int) -> np.ndarray:
-        return self.store._part(f)[self.which]
-
-    def __len__(self) -> int:
-        return len(self.store._mapped)
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return (self[f] for f in range(len(self)))
 
 
 class TokenStore:
@@ -223,294 +115,47 @@ class TokenStore:
         (array([ 3886,    68, 50256, 15496,   995, 50256], dtype=uint16), array([0, 3, 6]))
 
     Why the API looks like this: loaders only ever need "document d", "tokens
-    [a, b) of document d" and "tokens [a, b) of all documents in store order".
-    Each is a binary search over files (``O(log files)``) and slicing of a
-    mapped buffer, never a Python loop over documents. Opening reads
-    ``meta.json`` and stats each file (no file is opened or read), so its
-    cost does not grow with the number of tokens; a format-2 file is mapped
-    from its recorded buffer layout on first use, and each block (of offsets
-    or of tokens) is checked on its first read (:meth:`document_bounds`,
-    :meth:`check_blocks`).
+    [a, b) of document d" and "tokens [a, b) of all documents in store order",
+    each a binary search over files and a slice of a mapped buffer. Opening
+    reads ``meta.json`` and stats each file, so its cost does not grow with
+    the number of tokens (:mod:`impl.store_files` maps a file on first use).
     """
 
     # ------------------------------------------------------------ construction
 
-    def __init__(self, path: Path, meta: dict[str, Any], files: FileAccess | None = None):
-        """Use :meth:`open` or :meth:`build`; this maps already validated metadata."""
+    def __init__(self, path: Path, meta: dict[str, Any], files: FileAccess | None = None, *, name: str | None = None):
+        """Use :meth:`open` or :meth:`build`; this maps already validated metadata (``name``: how messages name it)."""
         self._path = path
         #: Every file this store reads, by name relative to the store's root (the file seam: :mod:`impl.files`).
         self._files: FileAccess = LocalFiles(path) if files is None else files
         self._meta = meta
-        self._dtype: np.dtype[Any] = np.dtype(meta["dtype"])
-        try:
-            self._records = [FileRecord.from_json(r) for r in meta["files"]]
-        except (KeyError, TypeError) as exc:
-            raise StoreCorruptError(f"{path / META_FILE}: malformed file record ({exc}); {REBUILD_HINT}") from exc
-        self._version: int = meta["format_version"]
-        self._block_bytes: int = meta["layout"]["block_bytes"] if self._version >= 2 else 0
-        self._file_index = {rec.name: f for f, rec in enumerate(self._records)}
-        if len(self._file_index) != len(self._records):
-            raise StoreCorruptError(f"{path / META_FILE}: two file records name the same file; {REBUILD_HINT}")
-        for rec in self._records:
-            self._check_file(rec, content=False)
-            if self._version == 2:
-                self._check_record_blocks(rec)
-        #: Format 3: file f's CRCs are entries ``_table_at[f]:_table_at[f + 1]`` of the block table (mapped on first use).
-        self._table_at: list[int] = []
-        #: The CRC tables (``CRC_TABLES``) by file name, each mapped on first use (:meth:`_crc_table`).
-        self._tables: dict[str, np.ndarray] = {}
-        if self._version >= 3:
-            self._table_at = [0, *itertools.accumulate(-(-r.size // self._block_bytes) for r in self._records)]
-            check_crc_table_size(self._files, path, meta, CRC_TABLES[0], self._table_at[-1], f"blocks of {self._block_bytes} bytes")
-        #: Format 4: one byte per document of the store, 1 once its CRC passed (a demand-zero map, made on first use).
-        self._documents_verified: mmap.mmap | None = None
-        if self._version >= 4:
-            check_crc_table_size(self._files, path, meta, CRC_TABLES[1], int(meta["num_documents"]), "documents")
-        self._map_lock = threading.Lock()
-        self._closed = False
-        self._mapped: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._records)
-        #: Files mapped by this object, least recently mapped first; an access with ``keep_mapped`` (a remote one
-        #: under a ``cache_limit``, :mod:`impl.remote`) gets all but that many released again (:meth:`_release_old`).
-        self._map_order: list[int] = []
-        self._values = _Parts(self, 0)
-        self._offsets = _Parts(self, 1)
-        counts = [r.num_documents for r in self._records]
-        tokens = [r.num_tokens for r in self._records]
-        self._file_doc_starts = [0, *itertools.accumulate(counts)]
-        self._file_token_starts = [0, *itertools.accumulate(tokens)]
+        #: The token files, each mapped on first use (:mod:`impl.store_files`).
+        self._maps = StoreFiles(str(path) if name is None else name, meta, self._files)
+        self._records = self._maps.records
+        self._dtype = self._maps.dtype
+        self._version = self._maps.version
+        self._mapped = self._maps.mapped
+        self._map = self._maps.map
+        self._part = self._maps.part
+        self._values = FileViews(self._maps, 0)
+        self._offsets = FileViews(self._maps, 1)
+        self._file_doc_starts = self._maps.file_doc_starts
+        self._file_token_starts = [0, *itertools.accumulate(r.num_tokens for r in self._records)]
         if self._file_doc_starts[-1] != meta["num_documents"] or self._file_token_starts[-1] != meta["num_tokens"]:
             raise StoreCorruptError(
-                f"{path / META_FILE}: per-file counts ({self._file_doc_starts[-1]} documents, "
+                f"{self._maps.path}/{META_FILE}: per-file counts ({self._file_doc_starts[-1]} documents, "
                 f"{self._file_token_starts[-1]} tokens) disagree with the totals ({meta['num_documents']}, "
                 f"{meta['num_tokens']}); {REBUILD_HINT}"
             )
         self._n = int(meta["num_documents"])
         #: The checks every read asks first (:mod:`impl.integrity`); ``_blocks`` is its per-file list, filled as files map.
-        self._checks = Integrity(self._records, self._file_doc_starts, functools.partial(_file_where, path),
-                                 self._mapped, self._map, self._require_open,
-                                 getattr(self._files, "refused", None))   # a remote access drops a refused copy
-        self._blocks = self._checks.files
+        self._checks = self._maps.checks
+        self._blocks = self._maps.blocks
         self._doc_offsets: np.ndarray | None = None
         self._lengths: np.ndarray | None = None
 
-    def _map(self, f: int) -> tuple[np.ndarray, np.ndarray]:
-        """File ``f``'s (values, offsets) views, mapped on first use; the offsets' blocks are **not** checked yet.
-
-        Callers read offsets only through :meth:`_part` (all of them checked)
-        or :meth:`document_bounds` (the entries asked for); values only after
-        :meth:`check_blocks`.
-        """
-        mapped = self._mapped[f]
-        if mapped is None:
-            with self._map_lock:
-                self._require_open()
-                mapped = self._mapped[f]
-                if mapped is None:
-                    mapped = self._mapped[f] = self._map_file(self._records[f])
-                    self._release_old(f)
-        return mapped
-
-    def _release_old(self, f: int) -> None:
-        """Drop this object's mappings of all but the ``keep_mapped`` files mapped last (under ``_map_lock``).
-
-        Why: a remote access evicts from its bounded node cache only files no
-        reader maps, so a store that kept every file it ever read mapped
-        would pin the whole store there. A released file is mapped (and CRC'd:
-        its verified marks go with it, as the next copy may be a new download)
-        again on its next use; views already handed out keep their own
-        mapping. Meant for a store object read from one thread at a time.
-        """
-        keep = getattr(self._files, "keep_mapped", None)
-        order = self._map_order
-        order.append(f)
-        if keep is None:
-            return
-        while len(order) > max(1, int(keep)):
-            g = order.pop(0)
-            blocks, self._mapped[g], self._blocks[g] = self._blocks[g], None, None   # in place: shared with _checks
-            self._checks.all_verified = False
-            if blocks is not None:
-                blocks.reset()
-
-    def _part(self, f: int) -> tuple[np.ndarray, np.ndarray]:
-        """File ``f``'s (values, offsets), mapped on first use, every block of its offsets checked."""
-        mapped = self._mapped[f]
-        if mapped is None:
-            mapped = self._map(f)
-        blocks = self._blocks[f]
-        if blocks is not None and not blocks.offsets_done:
-            self._checks.check_all_offsets(f, blocks, mapped[1])
-        return mapped
-
     def _require_open(self) -> None:
-        if self._closed:
-            raise StoreError(
-                f"token store {self._path} is closed; open it again with TokenStore.open({str(self._path)!r}) "
-                "(views of documents read before close() stay valid)"
-            )
-
-    def _check_record_blocks(self, rec: FileRecord) -> None:
-        """A format-2 record carries one 8-hex-digit CRC per block of its recorded size."""
-        blocks = -(-rec.size // self._block_bytes)
-        crcs = rec.block_crc32
-        if not isinstance(crcs, str) or len(crcs) != 8 * blocks:
-            got = "none" if not isinstance(crcs, str) else f"{len(crcs) // 8} block checksums"
-            raise StoreCorruptError(
-                f"{self._where(rec.name)}: {META_FILE} records {got}, expected {blocks} ({rec.size} bytes in "
-                f"blocks of {self._block_bytes}); {REBUILD_HINT}"
-            )
-
-    def _where(self, name: str) -> str:
-        """How errors name a token file: the store and the file."""
-        return _file_where(self._path, name)
-
-    def _check_file(self, rec: FileRecord, *, content: bool) -> None:
-        """Present with the recorded size (``open``); with ``content``, also the recorded quick signature (first map).
-
-        Why the signature waits for the first map: it reads 128 KiB per
-        file, so checking every file at ``open`` would make open cost
-        O(files), and files grow with the token count. Checked at first map,
-        before any of the file's tokens is returned, a changed file is
-        refused just the same, and each process pays only for the files it
-        reads.
-        """
-        name = rec.name
-        if not name or "/" in name or name in (".", ".."):
-            raise StoreCorruptError(f"{self._where(name)}: invalid file name in {META_FILE}; {REBUILD_HINT}")
-        st = self._files.stat(name)
-        if st is None:
-            raise StoreCorruptError(f"{self._where(name)} is missing; {REBUILD_HINT}")
-        if st.size == rec.size and not content:
-            return
-        where = self._where(name)
-        if st.size < rec.size:
-            raise StoreCorruptError(
-                f"{where} is truncated ({st.size} bytes, {rec.size} when built); {REBUILD_HINT}"
-            )
-        if st.size != rec.size:
-            raise StoreCorruptError(
-                f"{where} changed since it was built ({st.size} bytes, {rec.size} when built); {REBUILD_HINT}"
-            )
-        if content and quick_signature_of(self._files, name) != rec.quick_signature:
-            raise StoreCorruptError(
-                f"{where} changed since it was built (its first/last {QUICK_SIGNATURE_BYTES // 1024} KiB differ "
-                f"from the recorded signature); {REBUILD_HINT}"
-            )
-
-    def _map_file(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
-        """Map one file: straight from its recorded buffer layout (format 2), else through Arrow."""
-        if self._version >= 2 and rec.buffers is not None:
-            return self._map_direct(rec)
-        values, offsets, whole, layout = self._map_arrow(rec, signature=True)
-        if whole is not None:
-            self._blocks[self._file_index[rec.name]] = self._new_blocks(
-                rec, memoryview(whole), layout["values"][0], layout["offsets"][0])
-        return values, offsets
-
-    def _new_blocks(self, rec: FileRecord, data: memoryview, values_at: int, offsets_at: int) -> FileChecks:
-        """File ``rec``'s block checks; its offsets hold ``documents + 1`` entries (none when recorded at 0: empty)."""
-        recorded = documents = verified = None
-        if self._version >= 3:
-            f = self._file_index[rec.name]
-            recorded = self._crc_table(BLOCK_TABLE, self._table_at[-1])[self._table_at[f]:self._table_at[f + 1]]
-            if self._version >= 4:
-                a, b = self._file_doc_starts[f], self._file_doc_starts[f + 1]
-                documents = self._crc_table(DOCUMENT_TABLE, self._n)[a:b]
-                if self._documents_verified is None:
-                    self._documents_verified = demand_zero(self._n)
-                verified = memoryview(self._documents_verified)[a:b]
-        return FileChecks(data, values_at, self._dtype.itemsize, self._block_bytes, rec.block_crc32 or "", offsets_at,
-                       recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * OFFSET_BYTES,
-                       documents, verified)
-
-    def _table_where(self, name: str) -> str:
-        return crc_table_where(self._path, name)
-
-    def _crc_table(self, name: str, entries: int) -> np.ndarray:
-        """CRC table ``name``'s ``entries`` recorded CRC-32s (big-endian uint32), one read-only mapping made on first use."""
-        table = self._tables.get(name)
-        if table is None:
-            mm = _map_read_only(self._files, name, self._table_where(name), 4 * entries)
-            table = self._tables[name] = np.frombuffer(mm, dtype=">u4")
-        return table
-
-    def _recorded_buffer(self, rec: FileRecord, name: str, nbytes: int, align: int) -> int:
-        """Byte offset of the recorded buffer ``name``, refused unless it has ``nbytes`` bytes inside the file."""
-        span = rec.buffers.get(name) if isinstance(rec.buffers, Mapping) else None
-        ok = (isinstance(span, list) and len(span) == 2
-              and all(isinstance(v, int) and not isinstance(v, bool) for v in span))
-        if ok:
-            at, n = span  # type: ignore[misc]
-            ok = n == nbytes and 0 <= at and at + n <= rec.size and at % align == 0
-        if not ok:
-            raise StoreCorruptError(
-                f"{self._where(rec.name)}: {META_FILE} records its {name} buffer at {span!r}, not {nbytes} bytes "
-                f"(aligned to {align}) inside its {rec.size} bytes; {REBUILD_HINT}"
-            )
-        return int(at)
-
-    def _map_direct(self, rec: FileRecord) -> tuple[np.ndarray, np.ndarray]:
-        """One ``mmap`` and two views at the recorded byte offsets: no Arrow footer parse, no quick signature.
-
-        Why no quick signature (format 2): every byte used is block-checked
-        before it is used (offsets by :meth:`document_bounds`/:meth:`_part`,
-        values by :meth:`check_blocks`), and the Arrow metadata is not used.
-        """
-        item = self._dtype.itemsize
-        docs = rec.num_documents
-        no_offsets = docs == 0 and isinstance(rec.buffers, Mapping) and rec.buffers.get("offsets") == [0, 0]
-        offsets_at = self._recorded_buffer(rec, "offsets", 0 if no_offsets else (docs + 1) * OFFSET_BYTES,
-                                           OFFSET_BYTES)
-        values_at = self._recorded_buffer(rec, "values", rec.num_tokens * item, item)
-        mm = _map_read_only(self._files, rec.name, self._where(rec.name), rec.size)
-        if no_offsets:
-            offsets = np.zeros(1, dtype=np.int64)
-            offsets.setflags(write=False)
-        else:
-            offsets = np.frombuffer(mm, dtype="<i8", count=docs + 1, offset=offsets_at)
-        values = np.frombuffer(mm, dtype=self._dtype, count=rec.num_tokens, offset=values_at)
-        self._blocks[self._file_index[rec.name]] = self._new_blocks(rec, memoryview(mm), values_at, offsets_at)
-        return values, offsets
-
-    def _map_arrow(self, rec: FileRecord, *, signature: bool
-                   ) -> tuple[np.ndarray, np.ndarray, pa.Buffer | None, dict[str, list[int]]]:
-        """Map through Arrow, checking footer, schema, counts and end offsets: ``(values, offsets, whole, layout)``.
-
-        The path of format-1 files, of format-2 files recorded without a
-        buffer layout (``signature``: their quick signature first, since the
-        Arrow metadata read here is not block-checked), and of :meth:`verify`.
-        """
-        where = self._where(rec.name)
-        self._check_file(rec, content=signature)
-        try:
-            col, whole = _open_arrow(_map_read_only(self._files, rec.name, where, rec.size), self._files.where(rec.name))
-        except StoreCorruptError:
-            raise
-        except (pa.ArrowException, OSError) as exc:
-            raise StoreCorruptError(f"{where} is not a readable Arrow file ({exc}); {REBUILD_HINT}") from exc
-        expected = arrow_type(self._dtype)
-        if col.type != expected:
-            raise StoreCorruptError(
-                f"{where}: schema `{COLUMN}: {col.type}` is not `{COLUMN}: {expected}` as recorded; {REBUILD_HINT}"
-            )
-        if len(col) != rec.num_documents or col.null_count or col.offset:
-            raise StoreCorruptError(
-                f"{where} holds {len(col)} documents, {rec.num_documents} when built; {REBUILD_HINT}"
-            )
-        if whole.size != rec.size:
-            raise StoreCorruptError(f"{where} changed size while being mapped; {REBUILD_HINT}")
-        layout = buffer_layout(self._files.where(rec.name), col, whole)
-        offsets = col.offsets.to_numpy(zero_copy_only=True)
-        if len(offsets) == 0:  # Arrow may store a 0-length list array with no offsets at all
-            offsets = np.zeros(1, dtype=np.int64)
-            offsets.setflags(write=False)
-        values = col.values.to_numpy(zero_copy_only=True)
-        if (len(offsets) != rec.num_documents + 1 or int(offsets[0]) != 0
-                or int(offsets[-1]) != rec.num_tokens or len(values) != rec.num_tokens):
-            raise StoreCorruptError(
-                f"{where}: document offsets do not match the {rec.num_tokens} tokens recorded; {REBUILD_HINT}"
-            )
-        return values, offsets, (whole if self._version >= 2 else None), layout
+        self._maps.require_open()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, verify: bool = False, files: FileAccess | None = None,
@@ -527,14 +172,9 @@ class TokenStore:
         Checks at open (none opens a token file): ``meta.json`` exists and
         parses; format name and version are known (StoreVersionError for a
         newer or unknown version); every token file exists and has the
-        recorded size (StoreCorruptError naming the file otherwise). A file is
-        memory-mapped on first use: a format-2 file with a recorded buffer
-        layout at the recorded offsets (bounds, lengths and alignment
-        checked), any other after its quick signature (first and last 64 KiB),
-        Arrow footer, schema, document count and last offset are checked
-        against the record. Every format-2 block, of offsets or of tokens, is
-        CRC'd before its first use. A file changed since the build is refused
-        then, with the same error type.
+        recorded size (StoreCorruptError naming the file otherwise). A file
+        changed since the build is refused at its first map or first read of
+        a changed block (:mod:`impl.store_files`), with the same error type.
 
         A URL (``s3://bucket/store``, any fsspec protocol) with ``local``, a
         node-local cache directory, opens the store through
@@ -557,6 +197,7 @@ class TokenStore:
                 store.verify()
             return store
         root = Path(path)
+        name = str(path) if "://" in str(path) else str(root)   # how messages name it: Path() would fold a URL's //
         access: FileAccess = LocalFiles(root) if files is None else files
         try:
             raw = bytes(access.map(META_FILE))   # the directory is looked at only when this fails (a resume opens a store)
@@ -579,8 +220,8 @@ class TokenStore:
             meta = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise StoreCorruptError(f"{access.where(META_FILE)} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
-        validate_meta(root, meta)
-        store = cls(root, meta, access)
+        validate_meta(name, meta)
+        store = cls(root, meta, access, name=name)
         if verify:
             store.verify()
         return store
@@ -742,7 +383,7 @@ class TokenStore:
         return self._n
 
     def __repr__(self) -> str:
-        return (f"TokenStore({str(self._path)!r}, documents={self._n}, tokens={self.num_tokens}, "
+        return (f"TokenStore({self._maps.path!r}, documents={self._n}, tokens={self.num_tokens}, "
                 f"dtype={self._dtype.name}, files={len(self._records)})")
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -854,7 +495,7 @@ class TokenStore:
         past ``len(out)`` addresses ``tail`` instead (at ``dest - len(out)``):
         the fill writes a batch's token grid and each piece's next token in
         one call. Copies are one slice per run when runs average at least
-        :data:`SLICE_MIN_WIDTH` tokens, else one fancy index per file.
+        :data:`~impl._arrays.SLICE_MIN_WIDTH` tokens, else one fancy index per file.
 
         >>> store.read_runs(np.array([0, 0]), np.array([0, 7]), np.array([2, 8])).tolist()   # doctest: +SKIP
         [15496, 995, 3886]
@@ -890,43 +531,18 @@ class TokenStore:
         for f, _ in by_file:
             if values[f] is None:
                 values[f] = self._map(f)[0]
-        T = len(out)
-        if int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths):
-            for q, x0, x1, to in zip(fl.tolist(), lo.tolist(), hi.tolist(), dest.tolist()):
-                part = values[q]
-                if to < T:
-                    out[to:to + x1 - x0] = part[x0:x1]  # type: ignore[index]
-                elif tail is not None:
-                    tail[to - T:to - T + x1 - x0] = part[x0:x1]  # type: ignore[index]
-            return out
-        into = ranges(dest, widths)
-        got = np.empty(len(into), dtype=out.dtype)
-        for f, sel in by_file:
-            part = values[f]
-            if sel is None:
-                got[:] = part[ranges(lo, widths)]  # type: ignore[index]
-            else:
-                got[ranges(exclusive_cumsum(widths)[sel], widths[sel])] = part[ranges(lo[sel], widths[sel])]  # type: ignore[index]
-        front = into < T
-        if front.all():
-            out[into] = got
-        else:
-            out[into[front]] = got[front]
-            if tail is not None:
-                tail[into[~front] - T] = got[~front]
-        return out
+        return copy_runs(values, fl, lo, hi, by_file, out, dest, tail,  # type: ignore[arg-type]
+                         slices=int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths))
 
     # ------------------------------------------------------------ integrity (impl.integrity)
 
     def check_blocks(self, file: int, starts: np.ndarray, stops: np.ndarray) -> None:
         """Refuse changed tokens before they are served: verify the blocks holding tokens ``[starts[i], stops[i])`` of ``file``.
 
-        ``starts``/``stops`` are file-local token offsets (equal-length int64
-        arrays; empty ranges are ignored). Every block is CRC'd once per
-        store object, on its first read; a changed one raises
-        :class:`StoreCorruptError` naming the store, the file, the block and
-        the fix (:meth:`impl.integrity.Integrity.check_blocks`). Format-1
-        files have no block checksums: for them this only maps the file.
+        ``starts``/``stops`` are file-local token offsets (empty ranges are
+        ignored); a changed block raises :class:`StoreCorruptError`
+        (:meth:`impl.integrity.Integrity.check_blocks`). Format 1 has no
+        checksums: this only maps the file.
 
         >>> store.check_blocks(0, np.array([0, 100]), np.array([10, 4096]))   # doctest: +SKIP
         """
@@ -962,71 +578,14 @@ class TokenStore:
     def verify(self) -> None:
         """The full check: meta's own fingerprint, then every file's every byte (sha256 and every block CRC).
 
-        Raises :class:`StoreCorruptError` naming the first problem. The
-        fingerprint is recomputed from the file records, dtype, tokenizer and
-        options and compared with the recorded one (an edited ``meta.json``
-        is refused); each file is then mapped, every block of a format-2 file
-        is CRC'd again whether or not it was read before, the whole file is
-        hashed against its recorded sha256, its Arrow footer, schema and
-        document count are checked (with the quick signature) and the
-        recorded buffer layout is compared with the one Arrow reads, and its
-        offsets must start at 0, end at its token count and never decrease.
-        Afterwards every block counts as verified, so reads cost no
-        further CRC. Use after copying a store between machines or when a
-        silent edit is suspected; :meth:`open` alone only checks sizes.
+        Raises :class:`StoreCorruptError` naming the first problem: an edited
+        ``meta.json`` (its fingerprint recomputed), a changed CRC table, or a
+        file whose sha256, block CRCs, Arrow footer, recorded buffer layout or
+        offsets disagree with its record. Afterwards every block counts as
+        verified. Use after copying a store between machines or when a silent
+        edit is suspected; :meth:`open` alone only checks sizes.
         """
-        self._require_open()
-        t = self._meta["tokenizer"]
-        options = self._meta.get("options") or {}
-        expected = _content_fingerprint([r.sha256 for r in self._records], self._meta["dtype"], t.get("sha256", ""),
-                                        options.get("add_bos", False), options.get("add_eos", True),
-                                        format_version=self._version)
-        if expected != self.fingerprint:
-            raise StoreCorruptError(
-                f"token store {self._path}: {META_FILE} fingerprint {str(self.fingerprint)[:16]}... does not match "
-                f"the one recomputed from its file records and options ({expected[:16]}...): {META_FILE} was "
-                f"edited; {REBUILD_HINT}"
-            )
-        for spec in CRC_TABLES:
-            if self._version < spec.since:
-                continue
-            recorded = self._meta["layout"][spec.key]["sha256"]
-            digest = sha256_of(self._files, spec.name)
-            if digest != recorded:
-                raise StoreCorruptError(
-                    f"{self._table_where(spec.name)} changed since it was built (sha256 {digest[:16]}..., recorded "
-                    f"{str(recorded)[:16]}...): the {spec.entry} checks cannot be trusted; {REBUILD_HINT}"
-                )
-        self._checks.all_verified = False
-        for f, rec in enumerate(self._records):
-            self._map(f)
-            blocks = self._blocks[f]
-            if blocks is None:
-                digest = sha256_of(self._files, rec.name)
-            else:
-                blocks.reset()
-                self._checks.verify_span(rec, blocks, 0, blocks.count - 1)
-                digest = hashlib.sha256(blocks.data).hexdigest()
-            if digest != rec.sha256:
-                raise StoreCorruptError(
-                    f"{self._where(rec.name)} changed since it was built (sha256 {digest[:16]}..., "
-                    f"recorded {rec.sha256[:16]}...); {REBUILD_HINT}"
-                )
-            if self._version >= 2 and rec.buffers is not None:
-                layout = self._map_arrow(rec, signature=True)[3]
-                if dict(rec.buffers) != layout:
-                    raise StoreCorruptError(
-                        f"{self._where(rec.name)}: {META_FILE} records its buffers at {dict(rec.buffers)}, but the "
-                        f"Arrow file holds them at {layout}; {META_FILE} was edited; {REBUILD_HINT}"
-                    )
-            offsets = self._part(f)[1]
-            if len(offsets) > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
-                raise StoreCorruptError(
-                    f"{self._where(rec.name)} has decreasing document offsets; {REBUILD_HINT}"
-                )
-            if blocks is not None and blocks.documents is not None and rec.num_documents:
-                bounds = offsets.tolist()
-                self._checks.verify_documents([(f, d, bounds[d], bounds[d + 1]) for d in range(rec.num_documents)])
+        self._maps.verify(self._meta)
 
     @property
     def format_version(self) -> int:
@@ -1037,48 +596,32 @@ class TokenStore:
     def document_checks(self) -> bool:
         """Format 4: :meth:`document_bounds` and :meth:`document_bounds_batch` verify every document they return.
 
-        Each returned document's tokens, read at the returned bounds, passed
-        its recorded CRC-32 (or every block of its file did) before the call
-        returns, so a reader that copies only tokens inside documents whose
-        bounds it got from them (the packing fill path, ``TokenSource``)
-        needs no :meth:`check_blocks` call. False for formats 1 to 3, whose
-        readers must call :meth:`check_blocks` for every run they copy.
+        So a reader that copies only tokens inside documents whose bounds it got
+        from them needs no :meth:`check_blocks` call; formats 1 to 3 need one
+        for every run copied (:meth:`read_runs` does either).
         """
         return self._version >= 4
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._maps.closed
 
     def close(self) -> None:
         """Release this object's mapped files; any later read raises :class:`StoreError` (idempotent).
 
-        Views handed out before stay valid (Arrow keeps their mapping alive
-        while they are referenced). Metadata (``len``, ``fingerprint``,
-        ``meta``, counts) stays readable; every accessor that needs a token
-        file (indexing, ``read``, ``gather``, iteration, ``doc_offsets``,
-        ``lengths``, ``check_blocks``, ``verify``) raises
-        ``StoreError("token store ... is closed; open it again with TokenStore.open(...)")``.
-        Pickling a closed store still works: the receiver opens it again.
+        Views handed out before stay valid; metadata (``len``,
+        ``fingerprint``, counts) stays readable; every accessor that needs a
+        token file raises ``StoreError("token store ... is closed; open it
+        again with TokenStore.open(...)")``. A pickled closed store reopens.
         """
-        with self._map_lock:
-            self._closed = True
-            self._mapped[:] = [None] * len(self._records)
-            self._checks.forget()
-            self._map_order = []
-            self._doc_offsets = None
-            self._lengths = None
-            self._tables = {}
-            self._documents_verified = None
+        self._maps.close()
+        self._doc_offsets = None
+        self._lengths = None
 
     def __reduce__(self) -> tuple[Any, tuple[str, str, FileAccess]]:
         # Processes (e.g. DataLoader workers under spawn) get the path, fingerprint and file access,
         # never the tokens; the receiver re-opens through the same access and checks it sees the same store.
-        return (_reopen, (str(self._path), self.fingerprint, self._files))
-
-
-def _file_where(path: Path, name: str) -> str:
-    return f"token store {path}: file {name}"
+        return (_reopen, (self._maps.path, self.fingerprint, self._files))
 
 
 def _optional_int(value: Any) -> int | None:

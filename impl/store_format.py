@@ -86,7 +86,6 @@ import json
 import mmap
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -475,12 +474,12 @@ def arrow_buffer_layout(path: str | os.PathLike[str]) -> dict[str, list[int]]:
 _META_INT_KEYS = ("num_documents", "num_tokens", "num_empty_documents")
 
 
-def validate_meta(root: Path, meta: Any) -> None:
+def validate_meta(root: str | os.PathLike[str], meta: Any) -> None:
     if not isinstance(meta, dict):
-        raise StoreCorruptError(f"{root / META_FILE}: not a JSON object; {REBUILD_HINT}")
+        raise StoreCorruptError(f"{root}/{META_FILE}: not a JSON object; {REBUILD_HINT}")
     if meta.get("format") != FORMAT_NAME:
         raise StoreCorruptError(
-            f"{root / META_FILE}: format is {meta.get('format')!r}, not {FORMAT_NAME!r}: this directory is not a "
+            f"{root}/{META_FILE}: format is {meta.get('format')!r}, not {FORMAT_NAME!r}: this directory is not a "
             f"loadspec token store; {REBUILD_HINT}"
         )
     version = meta.get("format_version")
@@ -523,7 +522,7 @@ def validate_meta(root: Path, meta: Any) -> None:
                 and isinstance(table.get("size"), int) and not isinstance(table.get("size"), bool)):
             problems.append(f"layout.{spec.key} {table!r}")
     if problems:
-        raise StoreCorruptError(f"{root / META_FILE}: invalid {', '.join(problems)}; {REBUILD_HINT}")
+        raise StoreCorruptError(f"{root}/{META_FILE}: invalid {', '.join(problems)}; {REBUILD_HINT}")
 
 
 # --------------------------------------------------------------------------- CRC tables
@@ -560,7 +559,7 @@ def crc_table_where(root: str | os.PathLike[str], name: str) -> str:
     return f"token store {root}: {name}"
 
 
-def check_crc_table_size(files: FileAccess, root: Path, meta: Mapping[str, Any], spec: CrcTable, entries: int,
+def check_crc_table_size(files: FileAccess, root: str | os.PathLike[str], meta: Mapping[str, Any], spec: CrcTable, entries: int,
                          what: str) -> None:
     """At open (format 3, 4): table ``spec`` exists and holds one 4-byte CRC per entry (``entries`` ``what``).
 
@@ -572,7 +571,7 @@ def check_crc_table_size(files: FileAccess, root: Path, meta: Mapping[str, Any],
     recorded = meta["layout"][spec.key]["size"]
     if recorded != expected:
         raise StoreCorruptError(
-            f"{root / META_FILE}: layout.{spec.key} records {recorded} bytes, but the store's "
+            f"{root}/{META_FILE}: layout.{spec.key} records {recorded} bytes, but the store's "
             f"{entries} {what} need {expected}; {REBUILD_HINT}"
         )
     st = files.stat(name)

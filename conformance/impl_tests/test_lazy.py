@@ -2,8 +2,8 @@
 token copied into a batch was checked first: handed to ``TokenStore.check_blocks`` (format 3), or inside a document
 whose own CRC-32 (or whose blocks) the store verified when it gave its bounds (format 4).
 
-Counted, not timed: ``TokenStore._map_file`` (a file mapped),
-``impl.store.quick_signature_of`` (a file signed) and ``impl.store._open_arrow``
+Counted, not timed: ``StoreFiles.map_file`` (a file mapped),
+``impl.store_files.quick_signature_of`` (a file signed) and ``impl.store_files._open_arrow``
 (an Arrow footer parsed) are wrapped to record their calls on a store of many
 files; ``check_blocks`` is replaced on the store instance by a recorder
 (format 3), ``TokenSource.gather`` wrapped to audit each run at its entry
@@ -26,12 +26,13 @@ from conformance.assertions import assert_equal, check
 from conformance.impl_tests.test_dataset import make_store
 from conformance.impl_tests.test_store_integrity import _as_format_3
 from impl import build_files as build_module
-from impl import store as store_module
+from impl import store_files as files_module
 from impl.dataset import PackedDataset
 from impl.errors import StoreCorruptError
 from impl.fill import TokenSource
 from impl.loader import build_dataloader
 from impl.store import TokenStore
+from impl.store_files import StoreFiles
 from reference.packing import IGNORE, MODES, NO_OFFSET
 from reference.resume import make_state
 
@@ -55,7 +56,7 @@ def store_dir():
 def counted(monkeypatch):
     """Record which files get mapped, signed and parsed by Arrow."""
     seen: dict[str, list] = {"mapped": [], "signed": [], "parsed": []}
-    real_map, real_sign, real_open = TokenStore._map_file, store_module.quick_signature_of, store_module._open_arrow
+    real_map, real_sign, real_open = StoreFiles.map_file, files_module.quick_signature_of, files_module._open_arrow
 
     def map_file(self, rec):
         seen["mapped"].append(rec.name)
@@ -65,13 +66,13 @@ def counted(monkeypatch):
         seen["signed"].append(name)
         return real_sign(files, name)
 
-    monkeypatch.setattr(TokenStore, "_map_file", map_file)
+    monkeypatch.setattr(StoreFiles, "map_file", map_file)
     def open_arrow(data, where):
         seen["parsed"].append(Path(where).name)
         return real_open(data, where)
 
-    monkeypatch.setattr(store_module, "quick_signature_of", sign)
-    monkeypatch.setattr(store_module, "_open_arrow", open_arrow)
+    monkeypatch.setattr(files_module, "quick_signature_of", sign)
+    monkeypatch.setattr(files_module, "_open_arrow", open_arrow)
     return seen
 
 

@@ -20,8 +20,9 @@ from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from impl.dataset import PackedDataset, SampleKey
 from impl.errors import ConfigError, EmptyDataError, StateError, TopologyError
+from impl.interleave import interleave_datasets
 from impl.loader import build_dataloader
-from impl.mixed_dataset import MixedDataset, interleave_datasets
+from impl.mixed_dataset import MixedDataset
 from impl.mixing import balance_remaining, mix_plan
 from impl.packing import PackPlan
 from impl.streams import stream_plan

@@ -315,3 +315,21 @@ def test_a_sequential_scheduled_epoch_under_eviction_downloads_each_byte_once(tm
         held = [*held[-1:], files.map(name)]
         assert bytes(held[-1]) == content[name]
     assert files.downloads == len(order) and files.downloaded_bytes == sum(map(len, content.values()))
+
+
+def test_a_store_opened_by_url_names_the_url_unfolded_in_its_repr_and_messages(tmp_path):
+    from impl.errors import StoreCorruptError, StoreError
+    from impl.store import TokenStore
+
+    built = TokenStore.from_token_files([[[1, 2, 3], [4]], [[5, 6]]], tmp_path / "store", vocab_size=10)
+    url = f"file://{built.path}"          # file:///tmp/...: Path() would fold it to file:/tmp/...
+    store = TokenStore.open(url, local=tmp_path / "cache")
+    assert store[2].tolist() == [5, 6]
+    assert f"TokenStore({url!r}," in repr(store)
+    store.close()
+    with pytest.raises(StoreError, match=f"token store {url} is closed; open it again with TokenStore.open"):
+        store[0]
+    second = built.file_records[1].name
+    (built.path / second).unlink()
+    with pytest.raises(StoreCorruptError, match=f"token store {url}: file {second} is missing"):
+        TokenStore.open(url, local=tmp_path / "cache2")

@@ -30,6 +30,7 @@ from conformance.impl_tests.test_store_integrity import _as_format_3
 from fixtures import generators
 from impl import build as build_module
 from impl import store as store_module
+from impl import store_files as files_module
 from impl._atomic import atomic_write_bytes, atomic_write_json, file_lock, lock_path_for
 from impl.errors import (
     ConfigError,
@@ -520,8 +521,8 @@ def test_open_reads_metadata_only_and_no_token_file(big_store_dir, monkeypatch):
         raise AssertionError("open() hashed a token file")
 
     monkeypatch.setattr(os, "open", counting_open)
-    monkeypatch.setattr(store_module, "sha256_of", no_hash)
-    monkeypatch.setattr(store_module, "quick_signature_of", no_hash)
+    monkeypatch.setattr(files_module, "sha256_of", no_hash)
+    monkeypatch.setattr(files_module, "quick_signature_of", no_hash)
     store = TokenStore.open(big_store_dir)
     assert not [p for p in opened if p.endswith(".arrow")]
     assert store.num_files >= 1
@@ -536,9 +537,9 @@ def test_first_read_of_a_format_3_or_4_file_maps_its_recorded_buffers_without_si
     if version == 3:
         _as_format_3(big_store_copy)
     expected = [TokenStore.open(big_store_copy)[d].tolist() for d in (0, 1, 57)]
-    monkeypatch.setattr(store_module, "quick_signature_of", refuse("quick_signature_of"))
-    monkeypatch.setattr(store_module, "_open_arrow", refuse("the Arrow footer parse"))
-    monkeypatch.setattr(store_module, "sha256_of", refuse("sha256_of"))
+    monkeypatch.setattr(files_module, "quick_signature_of", refuse("quick_signature_of"))
+    monkeypatch.setattr(files_module, "_open_arrow", refuse("the Arrow footer parse"))
+    monkeypatch.setattr(files_module, "sha256_of", refuse("sha256_of"))
     store = TokenStore.open(big_store_copy)
     assert [store[d].tolist() for d in (0, 1, 57)] == expected
     starts, lengths = store.document_bounds_batch(np.array([0, 0]), np.array([57, 1]))

@@ -40,6 +40,7 @@ import pytest
 from impl import build_files as build_module
 from impl import integrity as integrity_module
 from impl import store as store_module
+from impl import store_files as files_module
 from impl.errors import StoreCorruptError, StoreError
 from impl.store import QUICK_SIGNATURE_BYTES, TokenStore
 
@@ -522,7 +523,7 @@ def test_after_close_metadata_stays_readable_old_views_stay_valid_and_a_pickle_r
 
 def _refingerprint(meta: dict, version: int) -> None:
     meta["format_version"] = version
-    meta["fingerprint"] = store_module._content_fingerprint(
+    meta["fingerprint"] = files_module._content_fingerprint(
         [r["sha256"] for r in meta["files"]], meta["dtype"], meta["tokenizer"]["sha256"],
         meta["options"]["add_bos"], meta["options"]["add_eos"], format_version=version)
 
@@ -712,13 +713,13 @@ def test_a_format_2_store_without_recorded_buffers_reads_through_arrow_after_its
     expected = [d.tolist() for d in TokenStore.open(four)]
     _edit_records(four, lambda r: r.pop("buffers"))
     signed = []
-    real = store_module.quick_signature_of
+    real = files_module.quick_signature_of
 
     def sign(files, name):
         signed.append(name)
         return real(files, name)
 
-    monkeypatch.setattr(store_module, "quick_signature_of", sign)
+    monkeypatch.setattr(files_module, "quick_signature_of", sign)
     store = TokenStore.open(four)
     assert store[len(store) - 1].tolist() == expected[-1]
     assert signed == ["tokens-00003.arrow"]

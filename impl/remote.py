@@ -252,6 +252,27 @@ class RemoteFiles:
     def open(self, name: str) -> BinaryIO:
         return self._cache.stream_held(self._held(name))
 
+    def glob(self, pattern: str) -> list[str]:
+        """Names of the objects under the root matching ``pattern`` (fsspec's glob; ``**`` recurses), sorted.
+
+        A listing, not a read: nothing is downloaded, and each hit is stat'ed
+        (and pinned) only when a reader asks for it.
+        """
+        def listing() -> list[str]:
+            try:
+                hits = self._fs.glob(self._path(pattern), detail=True)
+            except FileNotFoundError:
+                return []
+            except PermissionError as exc:
+                raise _Permanent(RemoteError(f"{self.where(pattern)}: permission denied ({scrub(str(exc))}); check "
+                                             "the credentials in the environment or storage_options")) from None
+            root = self._root.rstrip("/")
+            return sorted(path[len(root) + 1:] if root else path for path, info in hits.items()
+                          if info.get("type") != "directory")
+
+        names: list[str] = self._with_retries(pattern, "list", listing)
+        return names
+
     def check_room(self, token_files: Mapping[str, int], tables: tuple[str, ...] = ("meta.json", "blocks.crc32",
                                                                                      "documents.crc32")) -> None:
         """Refuse a ``cache_limit`` that cannot hold what one reader maps at once, naming the bytes it needs.

@@ -1,6 +1,6 @@
 """StreamingDataset: raw jsonl / txt / parquet / Arrow files tokenized on the fly, in lanes, with exact, elastic resume.
 
-Conforms to STREAM-1 .. STREAM-15 (docs/SEMANTICS.md, "Streaming"; units
+Conforms to STREAM-1 .. STREAM-15 and STREAM-17 (docs/SEMANTICS.md, "Streaming"; units
 through ``impl.units``, lanes through ``impl.stream_lanes``); its model is
 ``reference.streaming.StreamingReferenceLoader``: for the same files,
 config, tokenizer and topology, the batches are the reference's, sample for
@@ -48,6 +48,7 @@ import collections
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -74,15 +75,19 @@ from impl.stream_lanes import (
     snapshot_from_json,
     valid_world_sizes,
 )
-from impl.units import UnitIndex, build_unit_index, read_unit
+from impl.units import UnitIndex, build_unit_index, read_unit, split_urls
 from reference.packing import PackingConfig
 from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamingConfig
 
-__all__ = ["STATE_KEY", "StreamingDataset", "merge_states", "valid_world_sizes"]
+__all__ = ["STATE_KEY", "SkippedRowsWarning", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
 STATE_KEY = "_loadspec_stream"
 """The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
 _MODES = ("concat", "chunk")
+
+
+class SkippedRowsWarning(UserWarning):
+    """Lines ``on_error="skip"`` dropped from a streaming source, named by file and counted (STREAM-17)."""
 
 
 _Batch = tuple[list[tuple[int, int, dict[str, np.ndarray]]], tuple[tuple[int, LaneSnapshot], ...]]
@@ -114,7 +119,8 @@ class _Tokens:
         self.units: dict[int, dict[int, np.ndarray]] = {}
         self.rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
+    def encode(self, texts: Sequence[str | None]) -> list[list[int] | None]:
+        """Token ids of each text, a batch per call; None stays None (a row ``on_error="skip"`` dropped, STREAM-17)."""
         if self._encode is None:
             from tokenizers import Tokenizer
 
@@ -122,17 +128,23 @@ class _Tokens:
             tok.no_truncation()
             tok.no_padding()
             self._encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
-        return [e.ids for e in self._encode(texts, add_special_tokens=False)]
+        kept = [t for t in texts if t is not None]
+        encoded = iter([e.ids for e in self._encode(kept, add_special_tokens=False)] if kept else [])
+        return [None if t is None else next(encoded) for t in texts]
 
-    def prepare(self, ids: list[int]) -> np.ndarray:
+    def prepare(self, ids: list[int] | None) -> np.ndarray:
+        if ids is None:      # a skipped row holds no document, whatever BOS / EOS (STREAM-17)
+            return np.empty(0, dtype=np.int64)
         p = self.ds.config.packing
         out = ([p.bos_id] if p.add_bos else []) + ids + ([p.eos_id] if p.add_eos else [])
         return np.array(out, dtype=np.int64)
 
-    def unit_texts(self, u: int, *, census: bool = False) -> list[str]:
+    def unit_texts(self, u: int, *, census: bool = False) -> list[str | None]:
         if not census:
             self.ds.unit_reads += 1
-        return read_unit(self.ds.files, self.ds.index, u, self.ds.config.text_field)
+        texts = read_unit(self.ds.files, self.ds.index, u, self.ds.config.text_field, self.ds.config.on_error)
+        self.ds._note_skipped(u, texts)
+        return texts
 
     def __call__(self, g: int) -> np.ndarray:
         arr = self.rows.get(g)
@@ -159,16 +171,47 @@ class _Tokens:
         return arr
 
 
+def _access(paths: str | Sequence[str], files: FileAccess | None, local: str | os.PathLike[str] | None,
+            cache_limit: int | str | None, storage_options: Mapping[str, Any] | None,
+            ) -> tuple[FileAccess, str | Sequence[str]]:
+    """The file seam for ``paths``: ``files`` as given, a node-local cache of a remote root for URLs, or local files."""
+    urls = split_urls(paths)
+    if files is not None or urls is None:
+        require(local is None and cache_limit is None and storage_options is None, ConfigError,
+                "local, cache_limit and storage_options are for URL paths (s3://..., gs://..., file://...); with "
+                "local paths or files= leave them out")
+        return (LocalFiles("") if files is None else files), paths
+    require(local is not None, ConfigError,
+            f"paths are URLs under {_redact(urls[0])}: pass local=<a node-local cache directory> (each file is "
+            "downloaded there once per node)")
+    from impl.remote import RemoteFiles  # fsspec and the node cache only for a remote source
+
+    assert local is not None
+    return RemoteFiles(urls[0], local, cache_limit=cache_limit, storage_options=storage_options), urls[1]
+
+
+def _redact(url: str) -> str:
+    from impl.remote import redact_url
+
+    return redact_url(url)
+
+
 class StreamingDataset(IterableDataset[dict[str, Any]]):
     """Batches of packed samples from raw files, equal to ``reference.streaming``'s (STREAM-1 .. STREAM-15).
 
     ``paths``: names or globs under ``files`` (default: the local
-    filesystem); ``tokenizer``: a tokenizer directory, ``tokenizer.json``, or
+    filesystem), or fsspec URLs (``s3://bucket/data/*.jsonl``) under one root
+    read through :class:`impl.remote.RemoteFiles` with ``local`` (a node-local
+    cache directory), ``cache_limit`` and ``storage_options``; ``tokenizer``: a tokenizer directory, ``tokenizer.json``, or
     a (fast) tokenizer object; ``packing``: ``concat`` or ``chunk``;
     ``num_lanes`` fixes the lanes (world size × workers must divide it);
     ``shuffle`` permutes units and rows of ``unit_window`` units per epoch;
     ``shuffle_buffer_size`` runs the buffered shuffle in each lane;
     ``add_eos`` (default True) ends every document with the tokenizer's EOS.
+    ``on_error="skip"`` drops a jsonl / txt line that is not UTF-8, not JSON
+    or lacks the string ``text_field`` in its place, counts it in
+    :attr:`skipped` and warns (:class:`SkippedRowsWarning`) naming the file;
+    the default ``"raise"`` raises ``SourceError`` (STREAM-17).
     ``batch_size`` is per rank; ``rank``/``world_size`` default to the process
     group's. Each batch is a dict of int64 tensors ``input_ids``, ``labels``,
     ``position_ids``, ``doc_ids`` (the row's global number), ``token_offsets``
@@ -180,6 +223,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                  num_lanes: int = 1, seed: int = 0, shuffle: bool = False, unit_window: int = 1,
                  shuffle_buffer_size: int = 0, unit_bytes: int = 1 << 20, text_field: str = "text",
                  add_bos: bool = False, add_eos: bool = True, min_len: int = 0, pad_id: int | None = None,
+                 on_error: str = "raise", local: str | os.PathLike[str] | None = None,
+                 cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None,
                  files: FileAccess | None = None, index_dir: str | os.PathLike[str] | None = None,
                  batch_size: int = 1, rank: int | None = None, world_size: int | None = None,
                  num_workers: int = 0, epoch: int = 0) -> None:
@@ -201,9 +246,9 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                                   bos_id=info.bos_id if add_bos else None, eos_id=info.eos_id if add_eos else None,
                                   pad_id=pad_id, min_len=min_len),
             num_lanes=num_lanes, seed=seed, shuffle=shuffle, unit_window=unit_window,
-            shuffle_buffer_size=shuffle_buffer_size, unit_bytes=unit_bytes, text_field=text_field)
+            shuffle_buffer_size=shuffle_buffer_size, unit_bytes=unit_bytes, text_field=text_field, on_error=on_error)
         self.tokenizer_id = info.sha256
-        self.files: FileAccess = LocalFiles("") if files is None else files
+        self.files, paths = _access(paths, files, local, cache_limit, storage_options)
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         self.index: UnitIndex = build_unit_index(paths, files=self.files, unit_bytes=unit_bytes,
                                                  text_field=text_field, index_dir=self.index_dir)
@@ -218,6 +263,35 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
         #: Units this process read to make samples (not the STREAM-12 census): the cost of a resume (STREAM-15).
         self.unit_reads = 0
+        self._skipped_units: dict[int, int] = {}
+
+    # ------------------------------------------------------------ bad lines (STREAM-17)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Bad lines ``on_error="skip"`` dropped, per file, among the units this process has read (STREAM-17).
+
+        Each unit counts once however often it is read; the units read
+        include the census of ``world_size > 1`` (every unit), so there the
+        count is the whole source's. A DataLoader worker counts in its own
+        process and reports by the warning it issues.
+        """
+        out: dict[str, int] = {}
+        for u, n in sorted(self._skipped_units.items()):
+            where = self.files.where(self.index.files[self.index.units[u].file][0])
+            out[where] = out.get(where, 0) + n
+        return out
+
+    def _note_skipped(self, u: int, texts: Sequence[str | None]) -> None:
+        """Count and report a unit's skipped lines once per process (never silently, STREAM-17)."""
+        n = sum(t is None for t in texts)
+        if n and u not in self._skipped_units:
+            self._skipped_units[u] = n
+            unit = self.index.units[u]
+            where = self.files.where(self.index.files[unit.file][0])
+            warnings.warn(f"{where}: skipped {n} bad line(s) in bytes [{unit.start}, {unit.stop}) "
+                          f"({self.skipped[where]} in this file so far, on_error='skip'); pass on_error='raise' to "
+                          "see the first one's error", SkippedRowsWarning, stacklevel=2)
 
     # ------------------------------------------------------------ topology
 
@@ -254,7 +328,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             return self._lengths
         path = None
         if self.index_dir is not None:
-            name = f"{self.index.fingerprint[:32]}-{self.tokenizer_id[:32]}-{self.config.text_field}.lengths.npy"
+            name = (f"{self.index.fingerprint[:32]}-{self.tokenizer_id[:32]}-{self.config.text_field}"
+                    f"{'-skip' if self.config.on_error == 'skip' else ''}.lengths.npy")
             path = os.path.join(self.index_dir, hashlib.sha256(name.encode()).hexdigest()[:40] + ".lengths.npy")
             try:
                 cached = np.load(path)
@@ -267,7 +342,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         for u in range(len(self.index.units)):
             ids = tokens.encode(tokens.unit_texts(u, census=True))
             first = int(self._starts[u])
-            raw[first:first + len(ids)] = [len(t) for t in ids]
+            raw[first:first + len(ids)] = [-1 if t is None else len(t) for t in ids]
         self._lengths = raw
         if path is not None:
             import io
@@ -284,7 +359,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         """This pass's steps (STREAM-12), a cursor per lane and the rank's schedule of batches (STREAM-11)."""
         epoch, p = self.epoch, self.config.packing
         extra = int(p.add_bos) + int(p.add_eos)
-        lengths = self.lengths(tokens) + extra
+        raw = self.lengths(tokens)
+        lengths = np.where(raw < 0, 0, raw + extra)     # -1: a skipped row, dropped (STREAM-17)
         cursors = {lane: LaneCursor(lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane),
                                     self.config.shuffle_buffer_size, snap) for lane, snap in self.lanes.items()}
         remaining = {lane: remaining_samples(c, lambda g: int(lengths[g]), p) for lane, c in cursors.items()}

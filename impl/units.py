@@ -43,7 +43,7 @@ from impl.errors import ConfigError, SourceError, is_int, require
 from impl.files import FileAccess, LocalFiles
 
 __all__ = ["INDEX_FORMAT", "INDEX_VERSION", "Unit", "UnitIndex", "build_unit_index", "file_format", "read_unit",
-           "resolve_paths"]
+           "resolve_paths", "split_urls"]
 
 INDEX_FORMAT = "loadspec.unit_index"
 INDEX_VERSION = 1
@@ -66,8 +66,46 @@ def file_format(name: str) -> tuple[str, str]:
                       "leave it out of paths)")
 
 
-def resolve_paths(paths: str | Sequence[str], files: LocalFiles) -> list[str]:
+def split_urls(paths: str | Sequence[str]) -> tuple[str, list[str]] | None:
+    """``(root, names)`` for fsspec URLs (``s3://b/data/*.jsonl``): the common folder and the names under it; None for local paths.
+
+    The root is the deepest folder holding every URL's part before its first
+    glob character, so one :class:`impl.remote.RemoteFiles` serves them all.
+
+    >>> split_urls("s3://b/data/*.jsonl")
+    ('s3://b/data', ['*.jsonl'])
+    >>> split_urls(["gs://b/x/a.parquet", "gs://b/y/*.txt"])
+    ('gs://b', ['x/a.parquet', 'y/*.txt'])
+    >>> split_urls("data/*.jsonl") is None
+    True
+    """
+    items = [paths] if isinstance(paths, str) else list(paths)
+    urls = [p for p in items if isinstance(p, str) and "://" in p]
+    if not urls:
+        return None
+    require(len(urls) == len(items), SourceError,
+            "paths mixes URLs and local paths: pass only URLs (one remote root) or only local paths")
+    heads = []
+    for url in urls:
+        fixed = url[:min([url.index(c) for c in "*?[" if c in url] or [len(url)])]
+        heads.append(fixed.rsplit("/", 1)[0].split("/"))
+    common = heads[0]
+    for h in heads[1:]:
+        n = 0
+        while n < min(len(common), len(h)) and common[n] == h[n]:
+            n += 1
+        common = common[:n]
+    root = "/".join(common)
+    require(len(common) >= 3 and root.split("://", 1)[1] != "", SourceError,
+            f"the URLs {urls} share no bucket or folder: pass URLs under one remote root")
+    return root, [url[len(root) + 1:] for url in urls]
+
+
+def resolve_paths(paths: str | Sequence[str], files: FileAccess) -> list[str]:
     """The names ``paths`` (names or globs, in the order given, each glob sorted) name; a glob matching nothing raises.
+
+    Globs need an access that lists (``files.glob``: :class:`LocalFiles`,
+    :class:`impl.remote.RemoteFiles`).
 
     A name without glob characters must exist; a file named twice is refused
     (its rows would be read twice an epoch).
@@ -78,7 +116,11 @@ def resolve_paths(paths: str | Sequence[str], files: LocalFiles) -> list[str]:
     for item in items:
         require(isinstance(item, str), SourceError, f"paths holds {item!r}, not a string path or glob")
         if any(c in item for c in "*?["):
-            hits = files.glob(item)
+            lister = getattr(files, "glob", None)
+            require(lister is not None, SourceError, f"{files.where(item)!r} is a glob and {files!r} cannot list "
+                    "files: pass the files' names")
+            assert lister is not None
+            hits = lister(item)
             require(bool(hits), SourceError, f"the glob {files.where(item)!r} matches no file: check the pattern and "
                     "the directory, or pass the files' paths")
             out.extend(hits)
@@ -216,10 +258,7 @@ def build_unit_index(paths: str | Sequence[str], *, files: FileAccess | None = N
     require(is_int(unit_bytes) and unit_bytes >= 1, ConfigError,
             f"unit_bytes={unit_bytes!r} must be an integer >= 1 (the target byte size of a text unit)")
     access: FileAccess = LocalFiles("") if files is None else files
-    if isinstance(access, LocalFiles):
-        names = resolve_paths(paths, access)
-    else:
-        names = [paths] if isinstance(paths, str) else list(paths)
+    names = resolve_paths(paths, access)
     entries: list[tuple[str, str, bool, int, str]] = []
     comps: list[str] = []
     for name in names:
@@ -292,22 +331,37 @@ def decode_line(where: str, fmt: str, offset: int, line: bytes, text_field: str)
     return value
 
 
-def read_unit(files: FileAccess, index: UnitIndex, unit: int, text_field: str = "text") -> list[str]:
-    """The rows of one unit as text, in stored order (STREAM-2 .. STREAM-4); a compressed file is read whole (STREAM-3)."""
+ON_ERROR = ("raise", "skip")
+
+
+def read_unit(files: FileAccess, index: UnitIndex, unit: int, text_field: str = "text",
+              on_error: str = "raise") -> list[str | None]:
+    """The rows of one unit as text, in stored order (STREAM-2 .. STREAM-4); a compressed file is read whole (STREAM-3).
+
+    With ``on_error="skip"`` a line :func:`decode_line` refuses is ``None`` in
+    its place (STREAM-17); the caller counts and reports it.
+    """
+    require(on_error in ON_ERROR, ConfigError, f"on_error={on_error!r} must be one of {ON_ERROR}")
     u = index.units[unit]
     name, fmt = index.files[u.file][0], index.files[u.file][1]
     where = files.where(name)
     if fmt in ("parquet", "arrow"):
-        return _read_group(files, name, fmt, u.start, text_field)
+        return list[str | None](_read_group(files, name, fmt, u.start, text_field))
     comp = index.compression[u.file] if index.compression else ("gz" if index.files[u.file][2] else "")
     data = text_bytes(files, name, comp)
     chunk = bytes(data[u.start:u.stop])
     lines = chunk.split(b"\n")
     if chunk.endswith(b"\n"):
         lines.pop()
-    out, offset = [], u.start
+    out: list[str | None] = []
+    offset = u.start
     for line in lines:
-        out.append(decode_line(where, fmt, offset, line, text_field))
+        try:
+            out.append(decode_line(where, fmt, offset, line, text_field))
+        except SourceError:
+            if on_error == "raise":
+                raise
+            out.append(None)
         offset += len(line) + 1
     return out
 

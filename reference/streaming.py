@@ -1,6 +1,6 @@
-"""Streaming sources tokenized on the fly, in lanes, with exact, elastic resume (STREAM-6 .. STREAM-16).
+"""Streaming sources tokenized on the fly, in lanes, with exact, elastic resume (STREAM-6 .. STREAM-17).
 
-Clauses: STREAM-6 .. STREAM-16; the units and their index are ``reference.units`` (STREAM-1 .. STREAM-5).
+Clauses: STREAM-6 .. STREAM-17; the units and their index are ``reference.units`` (STREAM-1 .. STREAM-5).
 
 Why lanes: a loader that streams raw text cannot index samples globally (a
 sample's tokens are known only once its documents are tokenized), so its
@@ -42,7 +42,7 @@ from typing import Any
 from reference.errors import ConfigError, StateError, TopologyError, is_int, require
 from reference.packing import STREAM_MODES, PackingConfig, Piece, Sample, fill, is_kept, prepare
 from reference.rng import MASK64, FeistelPermutation, Stream, below, derive_key, subkey
-from reference.units import SourceFile, UnitIndex, build_index, read_unit
+from reference.units import ON_ERROR, SourceFile, UnitIndex, build_index, read_unit
 
 RowId = tuple[int, int]
 Tokenizer = Callable[[str], Sequence[int]]
@@ -60,7 +60,8 @@ class StreamingConfig:
     ``shuffle_buffer_size`` (0 or 1: off) runs the buffered shuffle over each
     lane's rows (STREAM-8); ``unit_bytes`` is the target size of a text unit
     (STREAM-1). Packing is ``concat`` or ``chunk``: the modes that need no view
-    beyond the lane (STREAM-9).
+    beyond the lane (STREAM-9). ``on_error="skip"`` drops the text lines
+    STREAM-2 would refuse, keeping their places (STREAM-17); the default raises.
 
     >>> StreamingConfig(packing=PackingConfig(seq_len=4, mode="best_fit"))
     Traceback (most recent call last):
@@ -76,6 +77,7 @@ class StreamingConfig:
     shuffle_buffer_size: int = 0
     unit_bytes: int = 1 << 20
     text_field: str = "text"
+    on_error: str = "raise"
 
     def __post_init__(self) -> None:
         require(isinstance(self.packing, PackingConfig), ConfigError, f"packing={self.packing!r} must be a PackingConfig")
@@ -88,6 +90,9 @@ class StreamingConfig:
                 f"seed={self.seed!r} must be an integer in [0, 2**64)")
         require(isinstance(self.shuffle, bool), ConfigError, f"shuffle={self.shuffle!r} must be True or False")
         require(isinstance(self.text_field, str), ConfigError, f"text_field={self.text_field!r} must be a string")
+        require(self.on_error in ON_ERROR, ConfigError,
+                f"on_error={self.on_error!r} must be one of {ON_ERROR}: 'raise' refuses a bad line, 'skip' drops "
+                "and counts it")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -244,14 +249,18 @@ class StreamRow:
 
 
 class LaneReader:
-    """Reads and tokenizes rows by id, one unit per read, counting reads (the cost of STREAM-15)."""
+    """Reads and tokenizes rows by id, one unit per read, counting reads (the cost of STREAM-15).
+
+    ``skipped`` holds the rows ``on_error="skip"`` dropped among those read (STREAM-17).
+    """
 
     def __init__(self, files: Sequence[SourceFile], index: UnitIndex, config: StreamingConfig,
                  tokenizer: Tokenizer) -> None:
         self.files, self.index, self.config, self.tokenizer = files, index, config, tokenizer
         self.starts = index.row_starts()
         self.reads = 0
-        self._tokens: dict[RowId, tuple[int, ...]] = {}
+        self._tokens: dict[RowId, tuple[int, ...] | None] = {}
+        self.skipped: set[RowId] = set()
         self._rows: dict[tuple[int, int], list[RowId]] = {}
 
     def rows(self, epoch: int, lane: int) -> list[RowId]:
@@ -259,11 +268,14 @@ class LaneReader:
             self._rows[(epoch, lane)] = lane_rows(self.index, self.config, epoch, lane)
         return self._rows[(epoch, lane)]
 
-    def tokens(self, row: RowId) -> tuple[int, ...]:
+    def tokens(self, row: RowId) -> tuple[int, ...] | None:
+        """The row's token ids; None for a row ``on_error="skip"`` dropped (STREAM-17)."""
         if row not in self._tokens:
             self.reads += 1
-            text = read_unit(self.files, self.index, row[0], self.config.text_field)[row[1]]
-            self._tokens[row] = tuple(self.tokenizer(text))
+            text = read_unit(self.files, self.index, row[0], self.config.text_field, self.config.on_error)[row[1]]
+            if text is None:
+                self.skipped.add(row)
+            self._tokens[row] = None if text is None else tuple(self.tokenizer(text))
         return self._tokens[row]
 
     def doc_id(self, row: RowId) -> int:
@@ -292,12 +304,15 @@ def lane_next(reader: LaneReader, epoch: int, lane: int, state: LaneState) -> tu
             if current is None:
                 return None
             offset = 0
-            if not is_kept(len(prepare(reader.tokens(current), config)), config):
+            ids = reader.tokens(current)
+            if ids is None or not is_kept(len(prepare(ids, config)), config):    # STREAM-17, PACK-2
                 current = None
                 continue
-        prepared = prepare(reader.tokens(current), config)
+        ids = reader.tokens(current)
+        assert ids is not None
+        prepared = prepare(ids, config)
         if offset == 0 or not docs:
-            docs.append((reader.doc_id(current), reader.tokens(current)))
+            docs.append((reader.doc_id(current), ids))
         while offset < len(prepared) and len(tokens) < L + 1:
             if len(tokens) == hop:
                 cut = LaneState(buffer, current, offset, state.samples + 1)
@@ -349,7 +364,8 @@ def token_corpus(files: Sequence[SourceFile], config: StreamingConfig, tokenizer
     index = build_index(files, config.unit_bytes)
     corpus: list[list[list[int]]] = [[] for _ in files]
     for u, unit in enumerate(index.units):
-        corpus[unit.file].extend(list(tokenizer(text)) for text in read_unit(files, index, u, config.text_field))
+        texts = read_unit(files, index, u, config.text_field)
+        corpus[unit.file].extend(list(tokenizer(text)) for text in texts if text is not None)
     return corpus
 
 

@@ -239,11 +239,20 @@ def build_index(files: Sequence[SourceFile], unit_bytes: int = 1 << 20) -> UnitI
     return UnitIndex(unit_bytes=unit_bytes, files=tuple(entries), units=tuple(units))
 
 
-def read_unit(files: Sequence[SourceFile], index: UnitIndex, unit: int, text_field: str = "text") -> list[str]:
+ON_ERROR = ("raise", "skip")
+
+
+def read_unit(files: Sequence[SourceFile], index: UnitIndex, unit: int, text_field: str = "text",
+              on_error: str = "raise") -> list[str | None]:
     """The rows of one unit, as text, in stored order: what opening that unit alone yields (STREAM-2 .. STREAM-4).
 
     A compressed file is one unit, so reading any of its rows decompresses it
-    from its start (STREAM-3).
+    from its start (STREAM-3). With ``on_error="skip"`` a line STREAM-2 would
+    refuse is ``None`` in its place, so rows keep their numbers (STREAM-17).
+
+    >>> f = TextFile(path="s.jsonl", data=b'{"text": "a"}\\n{oops\\n{"text": "b"}\\n', format="jsonl")
+    >>> read_unit([f], build_index([f]), 0, on_error="skip")
+    ['a', None, 'b']
 
     >>> f = TextFile(path="a.jsonl", data=b'{"text": "hi"}\\n{"text": ""}\\n', format="jsonl")
     >>> read_unit([f], build_index([f]), 0)
@@ -257,9 +266,16 @@ def read_unit(files: Sequence[SourceFile], index: UnitIndex, unit: int, text_fie
     u = index.units[unit]
     f = files[u.file]
     if isinstance(f, RowFile):
-        return list(f.groups[u.start])
-    out, offset = [], u.start
+        return list[str | None](f.groups[u.start])
+    require(on_error in ON_ERROR, ConfigError, f"on_error={on_error!r} must be one of {ON_ERROR}")
+    out: list[str | None] = []
+    offset = u.start
     for line in range_lines(f.data, u.start, u.stop):
-        out.append(_decode(f, offset, line, text_field))
+        try:
+            out.append(_decode(f, offset, line, text_field))
+        except SourceError:
+            if on_error == "raise":
+                raise
+            out.append(None)
         offset += len(line) + 1
     return out

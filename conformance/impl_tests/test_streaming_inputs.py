@@ -201,3 +201,56 @@ def test_a_long_document_still_being_packed_while_many_lanes_read_short_rows_is_
     ds = _ds(names, seq_len=16, num_lanes=16)
     ref = StreamingReferenceLoader(ref_files, ds.config, tok, tokenizer_id=tok_id, batch_size=4)
     assert impl_rows(build_dataloader(ds, batch_size=4)) == ref_rows(ref)
+
+
+DIRTY = (b'{"text": "good one"}\n{oops\n{"text": "two two"}\n\xff\xfe\n{"body": "x"}\n'
+         + b"".join(json.dumps({"text": r}).encode() + b"\n" for r in ROWS[:12]))
+
+
+def _dirty_ref(path):
+    from reference.units import TextFile
+
+    return [TextFile(path=str(path), data=path.read_bytes(), format="jsonl", etag=str(os.stat(path).st_mtime_ns))]
+
+
+@pytest.mark.clause("STREAM-17")
+@pytest.mark.filterwarnings("ignore::impl.streaming.SkippedRowsWarning")
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_skip_drops_bad_lines_like_the_reference_counts_them_by_file_and_resumes_exactly(tmp_path, world_size):
+    from impl.streaming import SkippedRowsWarning, merge_states
+
+    path = tmp_path / "dirty.jsonl"
+    path.write_bytes(DIRTY)
+    kw = dict(seq_len=3, num_lanes=2, shuffle=True, shuffle_buffer_size=3, unit_bytes=40, on_error="skip", seed=5)
+    with pytest.raises(SourceError, match=r"dirty\.jsonl: the line at byte \d+ (is not|has no)"):
+        list(_ds([str(path)], **dict(kw, on_error="raise")))
+    _, tok, tok_id = tokenizer()
+    for rank in range(world_size):
+        ds = _ds([str(path)], rank=rank, world_size=world_size, **kw)
+        with pytest.warns(SkippedRowsWarning, match=r"dirty\.jsonl: skipped \d bad line\(s\) .*\(3 in this file so far"):
+            got = impl_rows(ds)
+        ref = StreamingReferenceLoader(_dirty_ref(path), ds.config, tok, tokenizer_id=tok_id, rank=rank,
+                                       world_size=world_size)
+        assert got == ref_rows(ref) and len(got) > 2
+        assert ds.skipped == {str(path): 3}
+    # a checkpoint past skipped lines resumes each lane where it stood, on one rank whatever world_size saved it
+    first = [_ds([str(path)], rank=r, world_size=world_size, **kw) for r in range(world_size)]
+    for ds in first:
+        take(ds, 2)
+    state = merge_states([ds.state_dict() for ds in first])
+    whole = _ds([str(path)], **kw)
+    rest = impl_rows(whole)
+    again = _ds([str(path)], **kw)
+    again.load_state_dict(state)
+    resumed = [row for batch in impl_rows(again) for row in batch]
+    assert sorted(resumed) == sorted(row for batch in rest for row in batch
+                                     if row[2] >= state["lanes"][str(row[1])]["samples"])
+
+
+def test_on_error_must_be_raise_or_skip(tmp_path):
+    from impl.errors import ConfigError
+
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "fine"}\n')
+    with pytest.raises(ConfigError, match=r"on_error='ignore' must be one of \('raise', 'skip'\)"):
+        _ds([str(path)], on_error="ignore")

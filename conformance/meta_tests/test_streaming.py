@@ -1,4 +1,4 @@
-"""Meta tests: reference.units and reference.streaming obey STREAM-1..STREAM-16.
+"""Meta tests: reference.units and reference.streaming obey STREAM-1..STREAM-17.
 
 The oracles are written from the clause text: lines are found by scanning the
 bytes, the lane's documents are packed by ``reference.packing.pack`` and the
@@ -384,3 +384,50 @@ def test_without_shuffling_one_lane_streams_the_token_stores_epoch(fs, config):
     assert_equal(got, expected, clause="STREAM-16", what="loader samples")
     check(Counter(d for s in got for d in s.doc_ids if d >= 0).keys() <= set(range(10**6)), clause="STREAM-16",
           what="document ids")
+
+
+BAD_LINES = (b"{oops", b'{"body": "x"}', b'{"text": 3}', b"\xff\xfe")
+
+
+@st.composite
+def dirty_jsonl(draw):
+    """One jsonl file whose lines are good rows or bad lines of every kind STREAM-2 refuses; which are bad."""
+    lines, bad = [], []
+    for i in range(draw(st.integers(1, 8))):
+        if draw(st.booleans()):
+            lines.append(draw(st.sampled_from(BAD_LINES)))
+            bad.append(i)
+        else:
+            lines.append(json.dumps({"text": draw(words)}).encode())
+    return TextFile(path="s.jsonl", data=b"".join(line + b"\n" for line in lines), format="jsonl", etag="1"), bad
+
+
+@pytest.mark.clause("STREAM-17")
+@given(source=dirty_jsonl(), config=configs(), data=st.data())
+def test_skip_drops_each_bad_line_in_its_place_counts_it_and_resumes_at_the_same_places(source, config, data):
+    file, bad = source
+    skip = StreamingConfig(**{**{k: getattr(config, k) for k in config.__dataclass_fields__}, "on_error": "skip"})
+    if bad:
+        assert_raises_typed(SourceError, lambda: list(make([file], config)), clause="STREAM-17",
+                            what="the default on_error", mentions=["s.jsonl"])
+    index = build_index([file], skip.unit_bytes)
+    starts = index.row_starts()
+    for lane in range(skip.num_lanes):
+        key = subkey(subkey(derive_key(skip.seed, 0, Stream.STREAMING), 2), lane)
+        rows = buffer_shuffle(lane_rows(index, skip, 0, lane), skip.shuffle_buffer_size, key)
+        docs = [(starts[u] + r, tok(json.loads(file.data.split(b"\n")[starts[u] + r])["text"])) for u, r in rows
+                if starts[u] + r not in bad]
+        assert_equal(lane_samples([file], skip, tok, 0, lane), pack(docs, skip.packing), clause="STREAM-17",
+                     what=f"lane {lane} samples with bad lines skipped", repro={"file": file, "config": skip})
+    loader = make([file], skip)
+    full = list(loader)
+    bad_ids = {(u, r) for u, unit in enumerate(index.units) for r in range(unit.rows) if starts[u] + r in bad}
+    check(loader.reader.skipped <= bad_ids and loader._census.skipped == bad_ids, clause="STREAM-17",
+          what=f"skipped {loader._census.skipped} in the census, bad rows {bad_ids}", repro={"file": file})
+    k = data.draw(st.integers(0, len(full)))
+    first = make([file], skip)
+    run(first, k)
+    resumed = make([file], skip)
+    resumed.load_state_dict(first.state_dict())
+    assert_equal(run(resumed, len(full) - k), full[k:], clause="STREAM-17", what="resume past skipped lines",
+                 repro={"file": file, "config": skip, "k": k})

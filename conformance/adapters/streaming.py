@@ -20,6 +20,13 @@ numbered per lane (STREAM-9); the canonical ``sample_index`` here is
 refused by the streaming dataset as bad input (an empty file), so such
 corpora are reported unsupported.
 
+Known contract mismatches (graded as failures, not defects): a rank's
+``state_dict()`` without a process group holds only its lanes and
+``load_state_dict`` takes the global state (``merge_states``, STREAM-14),
+while the kit's in-process resume tests restore each rank from its own
+state; and equal-step truncation over lanes may leave more than one global
+batch untrained when lanes hold unequal shares.
+
 Select with ``pytest conformance/tests --loadspec-loader conformance.adapters.streaming:adapter``.
 """
 

@@ -1,0 +1,217 @@
+"""(8) Streaming from raw jsonl: tokens/s tokenized on the fly, and resume at 90 %, against HF and a KempnerForge loop.
+
+Files: ``make_texts`` (KJV words, the corpus's length distribution) written
+as 4 jsonl files (S: 400 documents; otherwise 10,000), page cache warm.
+Tokenizer: the fixture GPT-2 (``tokenizers``, ``encode_batch_fast``).
+
+Throughput (group ``stream``), one epoch, tokens = non-padding positions
+handed out (EOS included); building the loader object is untimed (impl's
+first build in a process imports ``transformers`` to resolve the tokenizer:
+seconds, once), the timer covers iterating (worker start included):
+
+* ``impl-0w`` / ``impl-2w``: ``build_dataloader(StreamingDataset(files,
+  seq_len=2048, num_lanes=2), batch_size=8, num_workers=0 | 2)``. ``ratio`` in
+  ``extra_info`` is its rate over the raw rate measured in the same run:
+  ``Tokenizer.encode_batch_fast`` over the same texts in batches of 1000
+  (the encoder's own thread pool; target >= 0.8).
+* ``hf-map``: ``load_dataset("json", streaming=True).map(tokenize + EOS,
+  batched=True)`` (batches of 1000, ``encode_batch_fast``), unpacked.
+* ``kempner``: KempnerForge's loop: stream the jsonl, tokenize each document
+  (``encode``), keep ``doc_idx % world == rank`` (world 1), pack into 2048.
+
+Resume at 90 % (group ``stream-resume``): the time from a fresh loader
+object to the first batch after the position (construction untimed), with
+the first item checked against an uninterrupted pass: impl
+``load_state_dict`` (at most one unit per lane re-read, STREAM-15), HF
+``IterableDataset.load_state_dict`` and ``.skip(n)``, and KempnerForge's
+fast-forward (read and tokenize document by document to ``n``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from benchmarks.corpora import EOS_ID, Corpus, make_texts
+from benchmarks.peers import require_datasets
+
+SEQ_LEN = 2048
+BATCH = 8
+ENCODE_BATCH = 1000
+FILES = 4
+
+
+@pytest.fixture(scope="module")
+def jsonl(corpus: Corpus, smoke: bool, tmp_path_factory) -> dict[str, Any]:
+    texts = make_texts(400 if corpus.size == "S" else 10_000)
+    root = tmp_path_factory.mktemp("stream-bench")
+    per = -(-len(texts) // FILES)
+    files = []
+    for i in range(FILES):
+        path = root / f"part{i}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[i * per:(i + 1) * per]))
+        files.append(str(path))
+    return {"texts": texts, "files": files, "index": str(root / "index")}
+
+
+def _tokenizer() -> Any:
+    from tokenizers import Tokenizer
+
+    from fixtures.generators import tokenizer_path
+
+    return Tokenizer.from_file(str(tokenizer_path() / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def raw_rate(jsonl: dict[str, Any]) -> float:
+    """Raw ``encode_batch_fast`` tokens/s over the same texts (EOS counted per document, as the loaders do)."""
+    tok, texts = _tokenizer(), jsonl["texts"]
+    tok.encode_batch_fast(texts[:ENCODE_BATCH], add_special_tokens=False)      # thread pool warm
+    start = time.perf_counter()
+    tokens = sum(len(e.ids) + 1 for b in range(0, len(texts), ENCODE_BATCH)
+                 for e in tok.encode_batch_fast(texts[b:b + ENCODE_BATCH], add_special_tokens=False))
+    return tokens / (time.perf_counter() - start)
+
+
+def _impl(jsonl: dict[str, Any], num_workers: int) -> Any:
+    from fixtures.generators import tokenizer_path
+    from impl.loader import build_dataloader
+    from impl.streaming import StreamingDataset
+
+    ds = StreamingDataset(jsonl["files"], tokenizer=tokenizer_path(), seq_len=SEQ_LEN, num_lanes=2,
+                          index_dir=jsonl["index"])
+    return build_dataloader(ds, batch_size=BATCH, num_workers=num_workers)
+
+
+def _hf(jsonl: dict[str, Any]) -> Any:
+    datasets = require_datasets()
+    tok = _tokenizer()
+
+    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        return {"input_ids": [e.ids + [EOS_ID] for e in tok.encode_batch_fast(batch["text"],
+                                                                              add_special_tokens=False)]}
+
+    ds = datasets.load_dataset("json", data_files=jsonl["files"], split="train", streaming=True)
+    return ds.map(tokenize, batched=True, batch_size=ENCODE_BATCH, remove_columns=["text"])
+
+
+def _kempner(files: list[str], world: int = 1, rank: int = 0) -> Any:
+    """KempnerForge's ``StreamingHuggingFaceDataset`` loop: every rank decodes everything, keeps its documents."""
+    tok = _tokenizer()
+    buf: list[int] = []
+    doc_idx = 0
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                ids = tok.encode(json.loads(line)["text"], add_special_tokens=False).ids + [EOS_ID]
+                keep = doc_idx % world == rank
+                doc_idx += 1
+                if keep:
+                    buf.extend(ids)
+                    while len(buf) >= SEQ_LEN:
+                        yield buf[:SEQ_LEN]
+                        buf = buf[SEQ_LEN:]
+
+
+@pytest.mark.parametrize("loader", ["impl-0w", "impl-2w", "hf-map", "kempner"])
+def test_stream_throughput(benchmark, loader: str, jsonl: dict[str, Any], raw_rate: float, corpus: Corpus):
+    benchmark.group = "stream"
+    out: dict[str, float] = {}
+    if loader == "hf-map":
+        require_datasets()
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if loader.startswith("impl"):
+            return (_impl(jsonl, 2 if loader == "impl-2w" else 0),), {}
+        return (_hf(jsonl) if loader == "hf-map" else _kempner(jsonl["files"]),), {}
+
+    def target(source: Any) -> None:
+        start, tokens = time.perf_counter(), 0
+        if loader.startswith("impl"):
+            for batch in source:
+                tokens += int((batch["doc_ids"] >= 0).sum())
+        elif loader == "hf-map":
+            for row in source:
+                tokens += len(row["input_ids"])
+        else:
+            for sample in source:
+                tokens += len(sample)
+        out["tokens"], out["s"] = tokens, time.perf_counter() - start
+
+    benchmark.pedantic(target, setup=setup, rounds=1, warmup_rounds=0)
+    assert out["tokens"] > 0.5 * sum(len(t.split()) for t in jsonl["texts"]), f"{loader} handed out too few tokens"
+    rate = out["tokens"] / out["s"]
+    benchmark.extra_info.update(kind="stream", loader=loader, size=corpus.size, documents=len(jsonl["texts"]),
+                                tokens=out["tokens"], tokens_per_s=round(rate), raw_tokens_per_s=round(raw_rate),
+                                ratio=round(rate / raw_rate, 3))
+
+
+@pytest.mark.parametrize("loader", ["impl", "hf-state", "hf-skip", "kempner"])
+def test_stream_resume_at_90_percent(benchmark, loader: str, jsonl: dict[str, Any], corpus: Corpus):
+    benchmark.group = "stream-resume"
+    held: dict[str, Any] = {}
+    if loader == "impl":
+        whole = [b["doc_ids"][0].tolist() for b in _impl(jsonl, 0)]
+        n = int(0.9 * len(whole))
+        first = _impl(jsonl, 0)
+        it = iter(first)
+        for _ in range(n):
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        expected: Any = whole[n]
+
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (_impl(jsonl, 0),), {}
+
+        def target(fresh: Any) -> None:
+            fresh.load_state_dict(state)
+            held["first"] = next(iter(fresh))["doc_ids"][0].tolist()
+    else:
+        n = int(0.9 * len(jsonl["texts"]))
+        if loader == "kempner":
+            def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+                return (), {}
+
+            def target() -> None:     # fast-forward: decode and tokenize n documents, then the next one
+                tok, seen = _tokenizer(), 0
+                for path in jsonl["files"]:
+                    with open(path, encoding="utf-8") as f:
+                        for line in f:
+                            ids = tok.encode(json.loads(line)["text"], add_special_tokens=False).ids
+                            if seen == n:
+                                held["first"] = ids
+                                return
+                            seen += 1
+            expected = _tokenizer().encode(jsonl["texts"][n], add_special_tokens=False).ids
+        else:
+            expected = _tokenizer().encode(jsonl["texts"][n], add_special_tokens=False).ids + [EOS_ID]
+            if loader == "hf-state":
+                base = _hf(jsonl)
+                hf_state = None
+                for i, _ in enumerate(base):
+                    if i + 1 == n:
+                        hf_state = base.state_dict()
+                        break
+
+            def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+                return (_hf(jsonl),), {}
+
+            def target(fresh: Any) -> None:
+                if loader == "hf-state":
+                    fresh.load_state_dict(hf_state)
+                    held["first"] = next(iter(fresh))["input_ids"]
+                else:
+                    held["first"] = next(iter(fresh.skip(n)))["input_ids"]
+
+    def timed(*args: Any) -> None:
+        start = time.perf_counter()
+        target(*args)
+        held["s"] = time.perf_counter() - start
+
+    benchmark.pedantic(timed, setup=setup, rounds=1, warmup_rounds=0)
+    assert held["first"] == expected, f"{loader} resumed at 90 % but handed out another item"
+    benchmark.extra_info.update(kind="stream-resume", loader=loader, size=corpus.size, position=0.9,
+                                seconds=round(held["s"], 4))

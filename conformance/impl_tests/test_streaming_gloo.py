@@ -1,0 +1,258 @@
+"""StreamingDataset in real gloo jobs: 2 ranks → checkpoint → 4 ranks and → 1, and a kill -9 mid-epoch (STREAM-14).
+
+Why real processes: "every rank's ``state_dict()`` returns the same JSON"
+and "resumes on another world size" are claims about a real process group
+and separate address spaces. Each rank is a ``spawn`` process joining a
+gloo group through a ``file://`` rendezvous under the test's directory; it
+builds ``build_dataloader(StreamingDataset(...), batch_size=2)`` (rank and
+world size from the group) and "trains": per step it logs every sample's
+lane, index and provenance (``doc_ids`` / ``token_offsets``) and joins an
+``all_reduce``; every ``checkpoint_every`` steps *every* rank calls
+``state_dict()`` (an all_gather) and logs its JSON's hash, and rank 0 writes
+it atomically. The launcher waits with a deadline (``JOIN_TIMEOUT`` times
+``LOADSPEC_TIMEOUT_SCALE``) and kills every rank when one exits non-zero.
+
+What is checked: the checkpoint equals ``reference.streaming``'s merged
+state after the same steps; the samples trained across the runs equal the
+reference's (the same job simulated in-process), each ``(lane, index)`` and
+each token ``(doc_id, token_offset)`` exactly once; and what is not trained
+is only the tail of each lane that equal-step truncation drops (STREAM-12).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from conformance.assertions import assert_equal, assert_exactly_once, check
+from conformance.distributed import JOIN_TIMEOUT
+from conformance.impl_tests.streaming_corpus import impl_rows, ref_rows, take, tokenizer, write
+
+pytestmark = [pytest.mark.loadspec_gloo,
+              pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                 reason="torch.distributed with gloo is not available")]
+
+OPTIONS = {"seq_len": 16, "packing": "concat", "num_lanes": 4, "seed": 5, "shuffle": True, "unit_window": 2,
+           "shuffle_buffer_size": 3, "unit_bytes": 200}
+BATCH = 2
+WORDS = ("alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "é", "north", "seven")
+
+
+def _specs() -> list[tuple[str, list[list[str]]]]:
+    def doc(i: int) -> str:
+        return " ".join(WORDS[(i * 3 + k * 7) % len(WORDS)] for k in range(2 + (i * 5) % 13)) + f" {i}"
+
+    return [("jsonl", [[doc(i) for i in range(40)]]), ("jsonl.gz", [[doc(i) for i in range(40, 64)]]),
+            ("parquet", [[doc(i) for i in range(64, 84)], [doc(i) for i in range(84, 100)]]),
+            ("jsonl", [[doc(i) for i in range(100, 130)]])]
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def _rank_main(rank: int, world: int, init: str, job: dict[str, Any]) -> None:
+    import torch
+
+    from impl._atomic import atomic_write_json
+    from impl.loader import build_dataloader
+    from impl.streaming import StreamingDataset
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=job["gloo_timeout"]))
+    try:
+        ds = StreamingDataset(job["files"], tokenizer=job["tokenizer"], index_dir=job["index_dir"], **OPTIONS)
+        loader = build_dataloader(ds, batch_size=BATCH, num_workers=job["num_workers"])
+        step = 0
+        if job["resume_from"]:
+            saved = json.loads(Path(job["resume_from"]).read_text())
+            loader.load_state_dict(saved["state"])
+            step = saved["step"]
+        log_path = Path(job["log_dir"]) / f"rank{rank}.jsonl"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            for batch in loader:
+                step += 1
+                log.write(json.dumps({"step": step, "rows": impl_rows([batch])[0]}) + "\n")
+                log.flush()
+                if job["die_at"] is not None and tuple(job["die_at"]) == (rank, step):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                dist.all_reduce(torch.ones(1))
+                if step % job["checkpoint_every"] == 0:
+                    state = loader.state_dict()          # every rank: an all_gather of the lanes (STREAM-14)
+                    text = json.dumps(state, sort_keys=True)
+                    log.write(json.dumps({"checkpoint": step, "sha": hashlib.sha256(text.encode()).hexdigest()}) + "\n")
+                    log.flush()
+                    if rank == 0:
+                        atomic_write_json(job["checkpoint"], {"step": step, "state": state})
+                if job["stop_at"] is not None and step >= job["stop_at"]:
+                    break
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _launch(job: dict[str, Any], world: int, workdir: Path, tag: str) -> list[int | None]:
+    """Every rank as a ``spawn`` process; all killed when one exits non-zero or the deadline passes."""
+    from conformance.ranks import scaled
+
+    ctx = multiprocessing.get_context("spawn")
+    init = f"file://{workdir / f'rendezvous-{tag}'}"
+    job = dict(job, gloo_timeout=scaled(30.0))
+    procs = [ctx.Process(target=_rank_main, args=(r, world, init, job)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + scaled(JOIN_TIMEOUT)
+    try:
+        while time.monotonic() < deadline:
+            codes = [p.exitcode for p in procs]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                break
+            time.sleep(0.05)
+    finally:
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            p.kill()
+        for p in procs:
+            p.join(timeout=30)
+    return [p.exitcode for p in procs]
+
+
+def _logs(log_dir: Path, upto: int | None = None) -> tuple[list[tuple[Any, ...]], dict[int, dict[int, str]]]:
+    """Every trained row (as tuples) up to step ``upto``, and each checkpoint's state hash per rank."""
+    rows: list[tuple[Any, ...]] = []
+    shas: dict[int, dict[int, str]] = {}
+    for path in sorted(log_dir.glob("rank*.jsonl")):
+        rank = int(path.stem.removeprefix("rank"))
+        for line in path.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if "checkpoint" in rec:
+                shas.setdefault(rec["checkpoint"], {})[rank] = rec["sha"]
+            elif upto is None or rec["step"] <= upto:
+                rows.extend(tuple(tuple(f) if isinstance(f, list) else f for f in r) for r in rec["rows"])
+    return rows, shas
+
+
+# --------------------------------------------------------------------------- the reference's job
+
+
+class Ref:
+    """The same job on ``reference.streaming``, in-process: the rows each topology trains and the states."""
+
+    def __init__(self, ref_files: list[Any], config: Any) -> None:
+        self.files, self.config = ref_files, config
+
+    def run(self, world: int, steps: int | None, state: dict[str, Any] | None = None
+            ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+        from reference.streaming import StreamingReferenceLoader, merge_states
+
+        _, tok, tok_id = tokenizer()
+        rows, states = [], []
+        for rank in range(world):
+            ref = StreamingReferenceLoader(self.files, self.config, tok, tokenizer_id=tok_id, world_size=world,
+                                           rank=rank, batch_size=BATCH)
+            if state is not None:
+                ref.load_state_dict(state)
+            for batch in ref_rows(take(ref, steps) if steps is not None else list(ref)):
+                rows.extend(batch)
+            states.append(ref.state_dict())
+        return rows, merge_states(states)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Any]:
+    from impl.streaming import StreamingDataset
+
+    root = tmp_path_factory.mktemp("stream-gloo")
+    names, ref_files = write(root / "data", _specs())
+    path = str(tokenizer()[0])
+    ds = StreamingDataset(names, tokenizer=path, index_dir=str(root / "index"), **OPTIONS)
+    ref = Ref(ref_files, ds.config)
+    whole, _ = ref.run(1, None)      # one rank, batches of 2: every lane to its end (at most one sample left)
+    return {"files": names, "tokenizer": path, "index_dir": str(root / "index"), "ref": ref, "whole": whole,
+            "rows": sum(len(g) for _, gs in _specs() for g in gs)}
+
+
+def _job(corpus: dict[str, Any], tmp: Path, name: str, **kw: Any) -> dict[str, Any]:
+    return {"files": corpus["files"], "tokenizer": corpus["tokenizer"], "index_dir": corpus["index_dir"],
+            "log_dir": str(tmp / name), "checkpoint": str(tmp / f"ckpt-{name}.json"), "checkpoint_every": 1,
+            "stop_at": None, "resume_from": None, "die_at": None, "num_workers": 0} | kw
+
+
+def _check_trained(corpus: dict[str, Any], trained: list[tuple[Any, ...]], expected: list[tuple[Any, ...]],
+                   what: str) -> None:
+    """Trained rows equal the reference's; each sample and token once; only lane tails left untrained."""
+    assert_equal(sorted(trained), sorted(expected), clause="STREAM-14", what=f"{what}: the samples trained")
+    assert_exactly_once([(r[1], r[2]) for r in trained], [(r[1], r[2]) for r in expected], clause="STREAM-14",
+                        what=f"{what}: (lane, index) of each trained sample")
+    tokens = [(d, o) for r in trained for d, o in zip(r[6], r[7]) if d >= 0]
+    every = [(d, o) for r in corpus["whole"] for d, o in zip(r[6], r[7]) if d >= 0]
+    assert_exactly_once(tokens, [t for t in every if t in set(tokens)], clause="STREAM-14",
+                        what=f"{what}: (doc_id, token_offset) of each trained token")
+    check(set(tokens) <= set(every), clause="STREAM-14", what=f"{what}: trained tokens outside the reference epoch")
+    last = Counter()
+    for r in trained:
+        last[r[1]] = max(last[r[1]], r[2] + 1)
+    tail = [r for r in corpus["whole"] if (r[1], r[2]) not in {(t[1], t[2]) for t in trained}]
+    check(all(r[2] >= last[r[1]] for r in tail), clause="STREAM-12",
+          what=f"{what}: untrained samples {[(r[1], r[2]) for r in tail]} are not all lane tails")
+    missing = set(range(corpus["rows"])) - {d for d, _ in tokens}
+    dropped = {d for r in tail for d in r[6]} | (set(range(corpus["rows"])) - {d for r in corpus["whole"] for d in r[6]})
+    check(missing <= dropped, clause="STREAM-14",
+          what=f"{what}: documents {sorted(missing - dropped)} never trained though no dropped sample holds them")
+
+
+def _checkpoint(path: Path, shas: dict[int, dict[int, str]], step: int, world: int) -> dict[str, Any]:
+    saved = json.loads(path.read_text())
+    text = json.dumps(saved["state"], sort_keys=True)
+    assert_equal(shas.get(step), {r: hashlib.sha256(text.encode()).hexdigest() for r in range(world)},
+                 clause="STREAM-14", what=f"the hash of every rank's state_dict() at step {step}")
+    return saved
+
+
+@pytest.mark.clause("STREAM-14", "STREAM-15")
+def test_a_2_rank_checkpoint_resumes_on_4_ranks_and_on_1_training_every_sample_once_gloo(corpus, tmp_path):
+    codes = _launch(_job(corpus, tmp_path, "two", stop_at=3), 2, tmp_path, "two")
+    assert codes == [0, 0], f"2-rank run: exit codes {codes}"
+    first, shas = _logs(tmp_path / "two")
+    saved = _checkpoint(tmp_path / "ckpt-two.json", shas, 3, 2)
+    assert_equal(saved["step"], 3, clause="STREAM-14", what="the step of the last checkpoint")
+    ref = corpus["ref"]
+    ref_first, ref_state = ref.run(2, 3)
+    assert_equal(saved["state"], ref_state, clause="STREAM-14", what="the gathered state after 3 steps on 2 ranks")
+    assert_equal(sorted(first), sorted(ref_first), clause="STREAM-14", what="the samples of the 2-rank run")
+    for world, workers in ((4, 0), (1, 2)):
+        name = f"resume{world}"
+        codes = _launch(_job(corpus, tmp_path, name, resume_from=str(tmp_path / "ckpt-two.json"),
+                             num_workers=workers, checkpoint_every=1000), world, tmp_path, name)
+        assert codes == [0] * world, f"resume on {world} ranks: exit codes {codes}"
+        rest, _ = _logs(tmp_path / name)
+        ref_rest, _ = ref.run(world, None, saved["state"])
+        _check_trained(corpus, first + rest, ref_first + ref_rest, f"2 ranks for 3 steps, then {world}")
+
+
+@pytest.mark.clause("STREAM-14", "STREAM-15")
+def test_a_rank_killed_mid_epoch_restarts_from_the_last_checkpoint_training_every_sample_once_gloo(corpus, tmp_path):
+    codes = _launch(_job(corpus, tmp_path, "killed", checkpoint_every=2, die_at=(1, 5)), 2, tmp_path, "killed")
+    check(codes[1] == -signal.SIGKILL, clause="STREAM-14", what=f"rank 1 should die by SIGKILL: exit codes {codes}")
+    _, shas = _logs(tmp_path / "killed")
+    saved = _checkpoint(tmp_path / "ckpt-killed.json", shas, 4, 2)
+    assert_equal(saved["step"], 4, clause="STREAM-14", what="the last checkpoint before the kill")
+    before, _ = _logs(tmp_path / "killed", upto=4)
+    codes = _launch(_job(corpus, tmp_path, "restart", resume_from=str(tmp_path / "ckpt-killed.json")), 2, tmp_path,
+                    "restart")
+    assert codes == [0, 0], f"restart: exit codes {codes}"
+    after, _ = _logs(tmp_path / "restart")
+    uninterrupted, _ = corpus["ref"].run(2, None)
+    _check_trained(corpus, before + after, uninterrupted, "2 ranks killed at step 5, restarted from step 4")

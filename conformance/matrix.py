@@ -305,6 +305,8 @@ SUMMARY_TESTS = {
         "resume in epoch 1 continues that epoch, also twice (RES-1, RES-7)",
     "test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once":
         "another world size / batch / workers: refused or exactly once (RES-4)",
+    "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology":
+        "last rank a batch ahead at the checkpoint: continues from rank 0's count (RES-6)",
     "test_ranks_in_separate_processes_run_equal_steps_and_train_every_pair_at_most_once":
         "one process per rank: equal steps, each pair at most once (PART-1)",
     "test_ranks_restarted_as_new_processes_from_their_checkpoints_continue_the_stream_also_when_restarted_twice":

@@ -10,6 +10,13 @@ listed as not run, never as passing.
 ``python -m conformance.matrix`` (``make matrix`` runs it in the peer venv)::
 
     python -m conformance.matrix --loader reference=conformance.adapters.reference:adapter --out /tmp/m
+
+A new test (or a new check in one) needs only its cells rerun: ``--select``
+runs the tests ``pytest -k`` picks and merges their cells into the earlier
+rows (``--update``), keeping the others; ``--cells`` merges such a run made
+elsewhere (``--out DIR``) afterwards::
+
+    python -m conformance.matrix --update --loader impl=conformance.adapters.impl:adapter --select topology
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ class LoaderRun:
     """ran, not installed, timeout (the tests it did not reach are "not run"), or crashed (pytest stopped)."""
     detail: str = ""
     seconds: float = 0.0
+    """Wall time of the runs that earned the row's cells (a ``--select`` run adds its own)."""
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     per_rank: list[str] = field(default_factory=list)
     """The tests of :data:`PER_RANK_MODULE` (one process per rank)."""
@@ -297,6 +305,8 @@ SUMMARY_TESTS = {
         "resume in epoch 1 continues that epoch, also twice (RES-1, RES-7)",
     "test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once":
         "another world size / batch / workers: refused or exactly once (RES-4)",
+    "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology":
+        "last rank a batch ahead at the checkpoint: continues from rank 0's count (RES-6)",
     "test_ranks_in_separate_processes_run_equal_steps_and_train_every_pair_at_most_once":
         "one process per rank: equal steps, each pair at most once (PART-1)",
     "test_ranks_restarted_as_new_processes_from_their_checkpoints_continue_the_stream_also_when_restarted_twice":
@@ -326,6 +336,47 @@ def load_runs(path: Path) -> list[LoaderRun]:
     return [_load_run(data) for data in json.loads(path.read_text(encoding="utf-8"))]
 
 
+def merge_cells(row: LoaderRun, partial: LoaderRun) -> LoaderRun:
+    """``row`` with the cells of ``partial`` (a run of some of its tests, ``--select``) replacing or joining its own.
+
+    Why: a new test, or a new check in one test, needs only that test rerun
+    on every loader, not the whole kit (hours on a loaded machine). The
+    other cells are kept as earned; a test new to the row is placed after
+    the row's test that precedes it in the partial run (so it sits next to
+    its neighbours in the table), else at the end. The name, version and
+    capabilities are the partial run's (the loader that earned the new
+    cells); ``seconds`` adds the partial run's; a partial run that did not
+    finish gives the row its status and reason.
+
+    >>> row = LoaderRun("p", "x:y", outcomes={"test_a": Outcome("pass"), "test_b": Outcome("pass")})
+    >>> part = LoaderRun("p", "x:y", outcomes={"test_a": Outcome("fail", "RES-6"), "test_a2": Outcome("skip")})
+    >>> [(t, o.status) for t, o in merge_cells(row, part).outcomes.items()]
+    [('test_a', 'fail'), ('test_a2', 'skip'), ('test_b', 'pass')]
+    """
+    outcomes = dict(row.outcomes)
+    order = list(row.outcomes)
+    previous = ""
+    for test, outcome in partial.outcomes.items():
+        if test not in outcomes:
+            order.insert(order.index(previous) + 1 if previous in order else len(order), test)
+        outcomes[test] = outcome
+        previous = test
+    status, detail = (row.status, row.detail) if partial.status == "ran" else (partial.status, partial.detail)
+    return LoaderRun(row.label, partial.spec or row.spec, name=partial.name or row.name,
+                     version=partial.version or row.version, capabilities=partial.capabilities or row.capabilities,
+                     status=status, detail=detail, seconds=row.seconds + partial.seconds,
+                     outcomes={t: outcomes[t] for t in order}, per_rank=sorted({*row.per_rank, *partial.per_rank}))
+
+
+def _with_cells(kept: list[LoaderRun], partials: list[LoaderRun]) -> list[LoaderRun]:
+    """``kept`` with each partial run merged into the same loader's row (:func:`merge_cells`); a new loader is added."""
+    rows = {r.label: r for r in kept}
+    for p in partials:
+        rows[p.label] = merge_cells(rows[p.label], p) if p.label in rows and p.status != "not installed" else \
+            rows.get(p.label, p)
+    return list(rows.values())
+
+
 def _combined(runs: list[LoaderRun], kept: list[LoaderRun]) -> list[LoaderRun]:
     """This run's rows, then earlier rows of other loaders, in ``LOADERS`` order (written after every loader)."""
     labels = {r.label for r in runs}
@@ -336,6 +387,11 @@ def _combined(runs: list[LoaderRun], kept: list[LoaderRun]) -> list[LoaderRun]:
             merged.append(r)
     order = list(LOADERS)
     return sorted(merged, key=lambda r: order.index(r.label) if r.label in order else len(order))
+
+
+def _rows(runs: list[LoaderRun], kept: list[LoaderRun], select: str | None) -> list[LoaderRun]:
+    """The rows to write: this run's, else (``select``: a partial run) its cells merged into the earlier rows."""
+    return _combined(_with_cells(kept, runs), []) if select else _combined(runs, kept)
 
 
 def _write(out: Path, runs: list[LoaderRun], *, profile: str, command: str) -> None:
@@ -356,24 +412,32 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows of earlier runs to include (rows run now win); with no --loader, run nothing")
     ap.add_argument("--update", action="store_true",
                     help="keep the other loaders' rows of an existing matrix.json and rerun only the --loader ones")
+    ap.add_argument("--select", metavar="EXPR",
+                    help="run only the tests pytest -k EXPR selects; their cells replace or join the same loader's "
+                         "cells of the earlier rows (--update, --merge), whose other cells are kept")
+    ap.add_argument("--cells", action="append", default=[], metavar="MATRIX_JSON",
+                    help="rows of earlier --select runs: their cells replace or join the same loader's cells of the "
+                         "earlier rows, as --select's do")
     args = ap.parse_args(argv)
     if args.describe:
         print(json.dumps(describe(args.describe)))
         return 0
-    loaders = dict(item.split("=", 1) for item in args.loader) if args.loader else ({} if args.merge else LOADERS)
+    loaders = (dict(item.split("=", 1) for item in args.loader) if args.loader
+               else {} if args.merge or args.cells else LOADERS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     earlier = list(args.merge) + ([str(out / "matrix.json")] if args.update and (out / "matrix.json").exists() else [])
     kept_runs = [_load_run(data) for path in earlier for data in json.loads(Path(path).read_text(encoding="utf-8"))]
+    kept_runs = _with_cells(_combined([], kept_runs), [run for path in args.cells for run in load_runs(Path(path))])
     command = "python -m conformance.matrix" + (f" --profile {args.profile}" if args.profile != PROFILE else "")
     runs: list[LoaderRun] = []
     for label, spec in loaders.items():
         print(f"[matrix] {label}: {spec}", flush=True)
-        runs.append(run_loader(label, spec, profile=args.profile, timeout=args.timeout))
+        runs.append(run_loader(label, spec, profile=args.profile, timeout=args.timeout, select=args.select))
         print(f"[matrix]   {runs[-1].status} {runs[-1].version} in {runs[-1].seconds:.0f}s: "
               + ", ".join(f"{t}={o.status}" for t, o in runs[-1].outcomes.items() if o.status != "pass"), flush=True)
-        _write(out, _combined(runs, kept_runs), profile=args.profile, command=command)
-    _write(out, _combined(runs, kept_runs), profile=args.profile, command=command)
+        _write(out, _rows(runs, kept_runs, args.select), profile=args.profile, command=command)
+    _write(out, _rows(runs, kept_runs, args.select), profile=args.profile, command=command)
     print(f"[matrix] wrote {out / 'MATRIX.md'}")
     return 0
 

@@ -80,3 +80,30 @@ def test_a_rank_timeout_is_reported_as_a_timeout_never_as_a_failure_and_per_rank
     assert run.outcomes["test_q"].status == "timeout"
     text = render([run], profile="dev", command="m")
     assert "| `p` (per rank) | timeout |" in text and "| `q` | timeout |" in text and "**FAIL**" not in text
+
+
+def test_a_partial_run_of_a_row_replaces_and_adds_only_its_own_cells_and_keeps_the_others(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from conformance.matrix import load_runs, main
+
+    full = [LoaderRun("peer", "x:y", name="peer", version="1", seconds=100.0, outcomes={
+                "test_a": Outcome("pass"), "test_topology": Outcome("pass"), "test_z": Outcome("fail", "PART-1", "m")}),
+            LoaderRun("other", "o:p", name="other", version="2", seconds=50.0, outcomes={"test_a": Outcome("pass")})]
+    partial = [LoaderRun("peer", "x:y", name="peer", version="1.1", seconds=7.0, per_rank=[], outcomes={
+        "test_topology": Outcome("fail", "RES-6", "[RES-6] rank 1 continues differently"),
+        "test_topology_last_rank_ahead": Outcome("skip", "", "max_world_size 1")})]
+    (tmp_path / "full.json").write_text(json.dumps([asdict(r) for r in full]))
+    (tmp_path / "partial.json").write_text(json.dumps([asdict(r) for r in partial]))
+    out = tmp_path / "out"
+    assert main(["--merge", str(tmp_path / "full.json"), "--cells", str(tmp_path / "partial.json"),
+                 "--out", str(out)]) == 0
+    peer, other = load_runs(out / "matrix.json")
+    assert list(peer.outcomes) == ["test_a", "test_topology", "test_topology_last_rank_ahead", "test_z"]
+    assert peer.outcomes["test_a"] == Outcome("pass") and peer.outcomes["test_z"] == Outcome("fail", "PART-1", "m")
+    assert peer.outcomes["test_topology"].clause == "RES-6"
+    assert peer.version == "1.1" and peer.seconds == 107.0 and peer.status == "ran"
+    assert other == full[1]
+    text = (out / "MATRIX.md").read_text()
+    assert "| `topology` | **FAIL** RES-6 | · |" in text and "| `topology_last_rank_ahead` | n/a | · |" in text

@@ -191,18 +191,6 @@ def test_a_file_removed_between_checkpoint_and_resume_is_refused_by_name(tmp_pat
         _ds(names).load_state_dict(ds.state_dict())
 
 
-def test_a_long_document_still_being_packed_while_many_lanes_read_short_rows_is_served_whole(tmp_path):
-    # One lane packs a document of ~2,000 tokens over many samples while fifteen lanes read rows of a few tokens;
-    # the long row leaves the worker's row cache between its samples and must be read again, not lost (KeyError).
-    short = ["a b"] * 40
-    files = [("jsonl", [["word " * 2000, *short[1:]]])] + [("jsonl", [short])] * 15
-    names, ref_files = write(tmp_path / "d", files)
-    _, tok, tok_id = tokenizer()
-    ds = _ds(names, seq_len=16, num_lanes=16)
-    ref = StreamingReferenceLoader(ref_files, ds.config, tok, tokenizer_id=tok_id, batch_size=4)
-    assert impl_rows(build_dataloader(ds, batch_size=4)) == ref_rows(ref)
-
-
 DIRTY = (b'{"text": "good one"}\n{oops\n{"text": "two two"}\n\xff\xfe\n{"body": "x"}\n'
          + b"".join(json.dumps({"text": r}).encode() + b"\n" for r in ROWS[:12]))
 

@@ -17,10 +17,6 @@ from reference.streaming import StreamingReferenceLoader
 
 
 @pytest.mark.clause("STREAM-9")
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="impl.streaming._Tokens looks an evicted row up in its partly popped unit (KeyError); fix: "
-                          "prepare the unit again when the row is not in it, and move_to_end on a hit. Remove this "
-                          "marker with the fix")
 @pytest.mark.parametrize("num_lanes", [2, 3])
 def test_a_document_spanning_many_samples_beside_a_lane_of_short_ones_equals_the_reference(tmp_path, num_lanes):
     long_doc = " ".join(f"w{i}" for i in range(400))

@@ -110,6 +110,25 @@ def _resolve(spec: Any) -> Any:
     return _RESOLVED[key]
 
 
+#: The last tokenizer built in this process, by its JSON: every pass (each epoch, each resume) reuses it.
+_ENCODER: dict[str, Any] = {}
+
+
+def _encoder(tok_json: str) -> Any:
+    """A batch encoder for ``tok_json``, parsed once per process rather than once per pass."""
+    encode = _ENCODER.get(tok_json)
+    if encode is None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(tok_json)
+        tok.no_truncation()
+        tok.no_padding()
+        encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+        _ENCODER.clear()
+        _ENCODER[tok_json] = encode
+    return encode
+
+
 class _Tokens:
     """Prepared token arrays of rows by global row number, a unit encoded per read (one process's cache)."""
 
@@ -122,12 +141,7 @@ class _Tokens:
     def encode(self, texts: Sequence[str | None]) -> list[list[int] | None]:
         """Token ids of each text, a batch per call; None stays None (a row ``on_error="skip"`` dropped, STREAM-17)."""
         if self._encode is None:
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_str(self.ds._tok_json)
-            tok.no_truncation()
-            tok.no_padding()
-            self._encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+            self._encode = _encoder(self.ds._tok_json)
         kept = [t for t in texts if t is not None]
         encoded = iter([e.ids for e in self._encode(kept, add_special_tokens=False)] if kept else [])
         return [None if t is None else next(encoded) for t in texts]

@@ -67,3 +67,16 @@ def test_every_recipe_in_docs_recipes_runs_as_pasted_from_the_repository_root(tm
         done = subprocess.run([sys.executable, f"recipe{k}.py"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=900, check=False)
         assert done.returncode == 0, f"recipe {k} of docs/RECIPES.md failed:\n{done.stderr[-3000:]}"
+
+
+def test_the_readmes_streaming_and_object_storage_snippets_run_as_pasted(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "fixtures").symlink_to(README.parent / "fixtures")
+    for heading in ("### Streaming raw text", "### From object storage"):
+        (tmp_path / "snippet.py").write_text(_readme_block(heading), encoding="utf-8")
+        done = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=900, check=False)
+        assert done.returncode == 0, f"the README's {heading!r} snippet failed:\n{done.stderr[-3000:]}"
+        assert "torch.Size([" in done.stdout, done.stdout

@@ -296,9 +296,13 @@ def commit_build(out_dir: str | os.PathLike[str], *, tasks: int | None = None) -
                 if m:
                     found[(int(m.group(1)), int(m.group(2)))] = p
         counts = {n for _, n in found} if tasks is None else {tasks}
+        if not counts:
+            raise BuildCommitError(
+                f"{staging} holds no build fragment: run the build's tasks first (loadspec build SRC {out} "
+                "--tokenizer T --task I --tasks N, or --task-from-env), then commit")
         if len(counts) != 1:
             raise BuildCommitError(
-                f"{staging} holds fragments of builds with different task counts {sorted(counts)} (or none): "
+                f"{staging} holds fragments of builds with different task counts {sorted(counts)}: "
                 "pass tasks= (--tasks N) to commit the one you ran")
         (count,) = counts
         missing = [i for i in range(count) if (i, count) not in found]

@@ -211,10 +211,15 @@ class TokenStore:
             if local is not None and not local.is_dir():
                 raise StoreNotFoundError(
                     f"{root} is a file, not a token store directory; pass the store's directory") from None
+            if local is None:   # a remote store: built locally, then copied there
+                raise StoreNotFoundError(
+                    f"{access.where('')} has no {META_FILE}: it is not a token store (or its upload never finished); "
+                    "build the store locally with TokenStore.build(source, tokenizer, out_dir) and copy every file "
+                    f"of out_dir there, {META_FILE} last"
+                ) from None
             raise StoreNotFoundError(
-                f"{root if local is not None else access.where('')} has no {META_FILE}: it is not a token store (or "
-                f"its build never finished); build it with TokenStore.build(source, tokenizer, {str(root)!r}) "
-                "(CLI: `loadspec build ...`)"
+                f"{root} has no {META_FILE}: it is not a token store (or its build never finished); build it with "
+                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
             ) from None
         try:
             meta = json.loads(raw)

@@ -322,3 +322,11 @@ def test_tasks_that_read_only_their_share_commit_the_local_build_of_every_format
     run_tasks(src, tok_dir, out, 3)
     commit_build(out)
     assert published(out) == published(local.path) and len(local) == 23
+
+
+def test_a_commit_with_no_task_run_says_to_run_the_tasks_first(tmp_path):
+    from impl.build_tasks import commit_build
+    from impl.errors import BuildCommitError
+
+    with pytest.raises(BuildCommitError, match="holds no build fragment: run the build's tasks first"):
+        commit_build(tmp_path / "out")

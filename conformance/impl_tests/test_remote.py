@@ -333,3 +333,14 @@ def test_a_store_opened_by_url_names_the_url_unfolded_in_its_repr_and_messages(t
     (built.path / second).unlink()
     with pytest.raises(StoreCorruptError, match=f"token store {url}: file {second} is missing"):
         TokenStore.open(url, local=tmp_path / "cache2")
+
+
+def test_a_url_with_no_store_says_to_build_locally_and_copy_the_files_not_to_build_at_the_url(tmp_path):
+    from impl.errors import StoreNotFoundError
+    from impl.store import TokenStore
+
+    (tmp_path / "empty").mkdir()
+    url = (tmp_path / "empty").as_uri()
+    with pytest.raises(StoreNotFoundError, match="build the store locally") as refused:
+        TokenStore.open(url, local=tmp_path / "cache")
+    assert url in str(refused.value) and "file:/" + str(tmp_path) not in str(refused.value).replace(url, "")

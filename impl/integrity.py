@@ -24,6 +24,7 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -403,17 +404,23 @@ class Integrity:
         """:meth:`check_document_runs` of a batch's few runs, in Python (numpy's per-call cost is more there)."""
         blocks_of, records = self.files, self.records
         pending: list[tuple[int, int, int, int]] = []
+        seen: dict[int, tuple[Any, Any, int] | None] = {}   # per file: (verified bytes, offsets, documents) or None
         for f, d, a, b in zip(fl.tolist(), docs.tolist(), lo.tolist(), hi.tolist()):
-            blocks = blocks_of[f]
-            if blocks is None:
-                self.map(f)
+            if f in seen:
+                known = seen[f]
+            else:
                 blocks = blocks_of[f]
-            if blocks is None or blocks.complete:
+                if blocks is None:
+                    self.map(f)
+                    blocks = blocks_of[f]
+                known = seen[f] = (None if blocks is None or blocks.complete else
+                                   (blocks.documents_verified, self.map(f)[1], records[f].num_documents))
+            if known is None:
                 continue
-            if not 0 <= d < records[f].num_documents:
-                raise IndexError(f"document out of range for file {f} of {records[f].num_documents} documents")
-            offsets = self.map(f)[1]
-            if not (blocks.documents_verified[d] and offsets.item(d) <= a and b <= offsets.item(d + 1)):
+            verified, offsets, n = known
+            if not 0 <= d < n:
+                raise IndexError(f"document out of range for file {f} of {n} documents")
+            if not (verified[d] and offsets.item(d) <= a and b <= offsets.item(d + 1)):
                 pending.append((f, d, a, b))
         if pending:
             self.check_document_runs(groups(np.array([p[0] for p in pending], dtype=np.int64)),

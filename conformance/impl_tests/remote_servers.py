@@ -16,11 +16,13 @@ Worked example::
 from __future__ import annotations
 
 import http.client
+import multiprocessing as mp
 import os
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -184,3 +186,20 @@ class FaultProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def run_spawned(target: Callable[..., None], args_list: Sequence[tuple[Any, ...]], *, timeout: float) -> list[Any]:
+    """One spawned process per ``args`` (each gets a result queue as its last argument): the results, in arrival order.
+
+    Every result must arrive within ``timeout`` seconds and every process exit 0 (each join is bounded too).
+    """
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, out)) for args in args_list]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=timeout) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    return results

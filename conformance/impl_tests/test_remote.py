@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.impl_tests.remote_servers import run_spawned
 from impl.cache import STATE_DIR, parse_bytes
 from impl.errors import CacheLimitError, CacheWaitError, ConfigError, LoadspecError, RemoteChangedError
 from impl.files import FileAccess
@@ -174,16 +175,7 @@ def _read_all(remote: str, local: str, names: list[str], out: mp.Queue) -> None:
 
 def test_two_processes_of_a_node_share_one_download_of_each_file(tmp_path):
     root, content = _remote(tmp_path, [2 * 1024 * KIB] * 3)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_read_all, args=(f"file://{root}", str(tmp_path / "cache"), sorted(content), out))
-             for _ in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = run_spawned(_read_all, [(f"file://{root}", str(tmp_path / "cache"), sorted(content))] * 2, timeout=120)
     assert sum(downloads for downloads, _ in results) == len(content)
     assert all(got == content for _, got in results)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.impl_tests.remote_servers import CREDENTIALS, FaultProxy, S3Server, s3_options
+from conformance.impl_tests.remote_servers import CREDENTIALS, FaultProxy, S3Server, run_spawned, s3_options
 from impl.cache import STATE_DIR
 from impl.errors import CacheLimitError, ConfigError, DownloadError, RemoteChangedError, StoreCorruptError
 from impl.remote import RemoteFiles
@@ -161,15 +161,7 @@ def test_two_processes_given_the_pickled_store_share_one_download_of_each_file(s
     opened = store._files.downloads
     blob = pickle.dumps(store)
     assert b"s3fs" not in blob and b"RemoteConfig" in blob   # the configuration travels, never a client or handle
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_read_pickled, args=(blob, out)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = run_spawned(_read_pickled, [(blob,)] * 2, timeout=120)
     local = _all_documents(TokenStore.open(s3.local_store))
     assert all(docs == local for _, docs in results)
     assert opened == 1
@@ -314,16 +306,8 @@ def test_two_processes_reading_in_opposite_orders_under_a_third_of_the_store_sha
     TokenStore.from_token_files(_documents(3, files=18, docs=8), built, vocab_size=50_000)
     s3.upload_dir(built, BUCKET, "eighteen")
     limit = sum(p.stat().st_size for p in built.iterdir()) // 3
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_read_under_limit, args=(f"s3://{BUCKET}/eighteen", s3.url, str(tmp_path / "cache"),
-                                                          limit, reverse, out)) for reverse in (False, True)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=180) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = run_spawned(_read_under_limit, [(f"s3://{BUCKET}/eighteen", s3.url, str(tmp_path / "cache"), limit, reverse)
+                                              for reverse in (False, True)], timeout=180)
     want = _all_documents(TokenStore.open(built))
     assert all(docs == want for _, _, docs in results)
     assert all(over <= 0 for _, over, _ in results)                 # the cache never held more than cache_limit

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
-from impl.build import prepare_build
+from impl.build import PreparedBuild, prepare_build
 from impl.build_files import meta_with_files, write_encoded
 from impl.build_progress import progress_bar
 from impl.build_publish import LOCK_TIMEOUT_S, check_output_path, source_paths, with_block_table
@@ -50,6 +50,7 @@ from impl.sources import rechunk
 from impl.store_format import FILE_TEMPLATE, META_FILE, hash_file_blocks
 
 if TYPE_CHECKING:
+    from impl.build_remote import RemoteCommit
     from impl.store import TokenStore
 
 __all__ = ["FRAGMENT_FORMAT", "STAGING_DIR", "TaskResult", "build_task", "commit_build", "task_from_env",
@@ -59,7 +60,7 @@ STAGING_DIR = ".loadspec-staging"
 """Where tasks write their token files and fragments, inside the output directory."""
 
 FRAGMENT_FORMAT = "loadspec.build_fragment"
-_FRAGMENT_VERSION = 1
+FRAGMENT_VERSION = 1
 _FRAGMENT = re.compile(r"^task-(\d{5,})-of-(\d{5,})\.json$")
 _TIMES = ("build_id", "created")
 
@@ -67,6 +68,16 @@ _TIMES = ("build_id", "created")
 def fragment_name(task: int, tasks: int) -> str:
     """``task-00002-of-00007.json``: the fragment of task 2 of 7."""
     return f"task-{task:05d}-of-{tasks:05d}.json"
+
+
+def parse_fragment_name(name: str) -> tuple[int, int] | None:
+    """``(task, tasks)`` of a fragment's file name, None for another name.
+
+    >>> parse_fragment_name("task-00002-of-00007.json"), parse_fragment_name("tokens-00002.arrow")
+    ((2, 7), None)
+    """
+    m = _FRAGMENT.match(name)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
 def task_from_env(task: int | None = None, tasks: int | None = None,
@@ -109,7 +120,8 @@ class TaskResult:
 def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, task: int | None = None,
                tasks: int | None = None, text_field: str = "text", add_bos: bool = False, add_eos: bool = True,
                batch_size: int = 1000, docs_per_file: int | None = None, split: str | None = None,
-               progress: bool = False, commit_when_done: bool = False) -> TaskResult:
+               progress: bool = False, commit_when_done: bool = False,
+               storage_options: Mapping[str, Any] | None = None) -> TaskResult:
     """Tokenize this task's files of ``source`` into ``out_dir``'s staging area and write its fragment.
 
     Arguments as :func:`impl.build.build_store`; ``task``/``tasks`` as
@@ -127,14 +139,26 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
     Progress: after each file the task writes its counts to
     ``progress-IIIII-of-NNNNN.json`` in the staging area; :func:`tasks_progress`
     sums them, and the task's bar shows the tokens/s of all tasks together.
+
+    ``out_dir`` may be an fsspec URL (``s3://bucket/store``; ``storage_options``
+    go to fsspec): the task encodes into a local temp directory and uploads
+    its token files under their final names, then its fragment
+    (:mod:`impl.build_remote`). A ``file://`` URL is the local path.
     """
     index, count = task_from_env(task, tasks)
-    check_output_path(out_dir, source_paths(source))
+    url, out_dir = _out_of(out_dir, storage_options)
+    if url is None:
+        check_output_path(out_dir, source_paths(source))
     plan = prepare_build(source, tokenizer, text_field=text_field, add_bos=add_bos, add_eos=add_eos,
                          batch_size=batch_size, docs_per_file=docs_per_file, split=split)
     if plan.build_key is None:
         raise ConfigError(f"a multi-task build needs a source it can fingerprint (a path or a datasets.Dataset), "
                           f"not {plan.src.describe()}: pass files, or build locally with TokenStore.build")
+    if url is not None:
+        from impl.build_remote import run_remote_task
+
+        return run_remote_task(plan, url, index, count, storage_options=storage_options, progress=progress,
+                               commit_when_done=commit_when_done)
     out = Path(os.path.abspath(os.fspath(out_dir)))
     staging = out / STAGING_DIR
     fragment = staging / fragment_name(index, count)
@@ -145,29 +169,14 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
         done = _validated(fragment, staging, out, plan.build_key)
         return TaskResult(task=index, tasks=count, skipped=True, files=tuple(f for f, _ in done),
                           committed=commit_when_done and _commit_if_last(out, count))
-    opts = plan.options
-    enc = Encoder(plan.tok_json, dtype=plan.dtype, bos_id=plan.tinfo.bos_id if opts.add_bos else None,
-                  eos_id=plan.tinfo.eos_id if opts.add_eos else None, batch_size=opts.batch_size)
+    enc = task_encoder(plan)
     files: list[dict[str, Any]] = []
     bar = progress_bar(progress, None)
     started = time.time()
     tokens = 0
     try:
         staging.mkdir(parents=True, exist_ok=True)
-        share = None if not plan.src.files or plan.src.text_field is None else owned_ranges(
-            plan.src.files, plan.src.text_field, opts.docs_per_file, index, count)
-        seen = [0]
-        if share is None:   # a source that cannot be counted cheaply (compressed text, datasets): read it whole
-
-            def every_file() -> Iterator[tuple[int, list[str]]]:
-                for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
-                    seen[0] = f + 1
-                    if f % count == index:
-                        yield f, texts
-
-            owned = every_file()
-        else:
-            seen[0], owned = share
+        seen, owned = owned_files(plan, index, count)
         for f, texts in owned:
             files.append({"index": f, "record": write_encoded(enc, str(staging / FILE_TEMPLATE.format(f)), texts)})
             tokens += files[-1]["record"]["num_tokens"]
@@ -178,14 +187,7 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
             if progress and hasattr(bar, "set_postfix_str"):
                 total, rate = tasks_progress(out, count)
                 bar.set_postfix_str(f"all tasks: {total} tokens, {rate / 1e6:.2f}M tokens/s", refresh=False)
-        num_files = seen[0]
-        if num_files == 0:
-            raise plan.empty_error()
-        atomic_write_json(fragment, {
-            "format": FRAGMENT_FORMAT, "version": _FRAGMENT_VERSION, "task": index, "tasks": count,
-            "build_key": plan.build_key, "num_files": num_files, "files": files,
-            "template": {k: v for k, v in plan.meta([]).items() if k not in _TIMES},
-        }, indent=None)
+        atomic_write_json(fragment, fragment_document(plan, index, count, seen[0], files), indent=None)
     except OSError as exc:
         where = exc.filename or staging
         raise BuildTaskError(
@@ -197,6 +199,46 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
         bar.close()
     return TaskResult(task=index, tasks=count, skipped=False, files=tuple(f["index"] for f in files),
                       committed=commit_when_done and _commit_if_last(out, count))
+
+
+def task_encoder(plan: PreparedBuild) -> Encoder:
+    """The encoder every task of ``plan`` uses (the local build's: same special tokens, dtype and batch size)."""
+    opts = plan.options
+    return Encoder(plan.tok_json, dtype=plan.dtype, bos_id=plan.tinfo.bos_id if opts.add_bos else None,
+                   eos_id=plan.tinfo.eos_id if opts.add_eos else None, batch_size=opts.batch_size)
+
+
+def owned_files(plan: PreparedBuild, index: int, count: int) -> tuple[list[int], Iterator[tuple[int, list[str]]]]:
+    """``(box, (file index, texts) of the files task ``index`` owns)``; once iterated, ``box[0]`` is the file count.
+
+    A files source is counted first and only this task's documents are read
+    (:func:`impl.build_shares.owned_ranges`); one that cannot be counted
+    cheaply (compressed text, datasets) is read whole.
+    """
+    opts = plan.options
+    share = None if not plan.src.files or plan.src.text_field is None else owned_ranges(
+        plan.src.files, plan.src.text_field, opts.docs_per_file, index, count)
+    if share is not None:
+        return [share[0]], share[1]
+    seen = [0]
+
+    def every_file() -> Iterator[tuple[int, list[str]]]:
+        for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
+            seen[0] = f + 1
+            if f % count == index:
+                yield f, texts
+
+    return seen, every_file()
+
+
+def fragment_document(plan: PreparedBuild, index: int, count: int, num_files: int,
+                      files: list[dict[str, Any]]) -> dict[str, Any]:
+    """Task ``index``'s fragment: the build key, its files' records and the meta template; EmptyDataError if none."""
+    if num_files == 0:
+        raise plan.empty_error()
+    return {"format": FRAGMENT_FORMAT, "version": FRAGMENT_VERSION, "task": index, "tasks": count,
+            "build_key": plan.build_key, "num_files": num_files, "files": files,
+            "template": {k: v for k, v in plan.meta([]).items() if k not in _TIMES}}
 
 
 def tasks_progress(out_dir: str | os.PathLike[str], tasks: int) -> tuple[int, float]:
@@ -236,8 +278,8 @@ def _read_fragment(path: Path) -> dict[str, Any]:
         frag = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BuildCommitError(f"fragment {path} cannot be read ({exc}): relaunch its task") from exc
-    if not isinstance(frag, dict) or frag.get("format") != FRAGMENT_FORMAT or frag.get("version") != _FRAGMENT_VERSION:
-        raise BuildCommitError(f"{path} is not a loadspec build fragment (version {_FRAGMENT_VERSION}): relaunch its "
+    if not isinstance(frag, dict) or frag.get("format") != FRAGMENT_FORMAT or frag.get("version") != FRAGMENT_VERSION:
+        raise BuildCommitError(f"{path} is not a loadspec build fragment (version {FRAGMENT_VERSION}): relaunch its "
                                "task")
     return frag
 
@@ -272,7 +314,20 @@ def _validated(path: Path, staging: Path, out: Path, build_key: str | None) -> l
     return pairs
 
 
-def commit_build(out_dir: str | os.PathLike[str], *, tasks: int | None = None) -> TokenStore:
+def _out_of(out_dir: str | os.PathLike[str],
+            storage_options: Mapping[str, Any] | None) -> tuple[str | None, str | os.PathLike[str]]:
+    """``(object store URL or None, local out_dir)``; storage options without a URL are refused (they would be lost)."""
+    from impl.build_remote import local_out, remote_url
+
+    url = remote_url(out_dir)
+    if url is None and storage_options:
+        raise ConfigError(f"storage_options were given but out_dir {os.fspath(out_dir)!r} is a local path: pass an "
+                          "fsspec URL (s3://bucket/store) or drop the storage options")
+    return url, local_out(out_dir)
+
+
+def commit_build(out_dir: str | os.PathLike[str], *, tasks: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> TokenStore | RemoteCommit:
     """Validate every task's fragment, rename the token files into ``out_dir`` and publish ``meta.json`` last.
 
     Under the ``<out_dir>.lock`` lock: a second committer waits, then finds
@@ -280,7 +335,17 @@ def commit_build(out_dir: str | os.PathLike[str], *, tasks: int | None = None) -
     already committed. Refused, naming the task or file: a missing
     fragment, a token file whose size or CRCs changed, fragments built from
     different sources (a source file changed between tasks) or options.
+
+    An fsspec URL ``out_dir`` (``s3://bucket/store``) is committed by
+    :func:`impl.build_remote.commit_remote`, which returns a
+    :class:`~impl.build_remote.RemoteCommit` (a conditional create of
+    ``meta.json`` instead of the lock decides between two committers).
     """
+    url, out_dir = _out_of(out_dir, storage_options)
+    if url is not None:
+        from impl.build_remote import commit_remote
+
+        return commit_remote(url, tasks=tasks, storage_options=storage_options)
     out = Path(os.path.abspath(os.fspath(out_dir)))
     staging = out / STAGING_DIR
     timeout = float(os.environ.get("LOADSPEC_LOCK_TIMEOUT_S", str(LOCK_TIMEOUT_S)))

@@ -102,6 +102,24 @@ def _bucket(text: str) -> tuple[int, int]:
     return buffer_size, pack_size
 
 
+def _storage_option(text: str) -> tuple[str, Any]:
+    """``--storage-option KEY=VALUE``: one fsspec storage option; VALUE is JSON when it parses as JSON, else text.
+
+    >>> _storage_option("endpoint_url=http://127.0.0.1:9000"), _storage_option('client_kwargs={"region_name": "eu"}')
+    (('endpoint_url', 'http://127.0.0.1:9000'), ('client_kwargs', {'region_name': 'eu'}))
+    """
+    import json
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE; pass e.g. --storage-option "
+                                         "endpoint_url=http://127.0.0.1:9000")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
 def _add_dataset_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", type=Path, nargs="+",
                    help="a directory written by `loadspec build`; several stores are mixed (see --weights)")
@@ -206,12 +224,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         from impl.build_tasks import commit_build
 
         out = args.source if args.out is None else args.out
-        store = commit_build(out, tasks=args.tasks)
+        store = commit_build(out, tasks=args.tasks, storage_options=dict(args.storage_option) or None)
         print(f"committed store {store.path}: {len(store)} documents, {store.num_tokens} tokens ({store.dtype}), "
               f"fingerprint {store.fingerprint[:16]}")
         return 0
     if args.out is None or args.tokenizer is None:
         raise ConfigError("loadspec build needs SOURCE OUT --tokenizer T (or --commit OUT)")
+    if args.storage_option and args.task is None and args.tasks is None and not args.task_from_env:
+        raise ConfigError("--storage-option applies to a multi-task build into a URL (--task I --tasks N or "
+                          "--task-from-env, then --commit); a local build writes a local OUT")
     if args.task is not None or args.tasks is not None or args.task_from_env:
         from impl.build_tasks import build_task
 
@@ -221,17 +242,21 @@ def cmd_build(args: argparse.Namespace) -> int:
             raise ConfigError("pass both --task I and --tasks N (or --task-from-env under torchrun / a Slurm array)")
         result = build_task(args.source, args.tokenizer, args.out, task=args.task, tasks=args.tasks,
                             text_field=args.text_field, add_bos=args.add_bos, add_eos=not args.no_eos,
-                            split=args.split, progress=True, commit_when_done=args.commit_when_done)
+                            split=args.split, progress=True, commit_when_done=args.commit_when_done,
+                            storage_options=dict(args.storage_option) or None)
+        from impl.remote import redact_url
+
         done = "already done (its fragment validates), skipped" if result.skipped else "done"
+        shown = redact_url(args.out)
         if result.committed:
             print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; it was the last task "
-                  f"and committed the store {args.out}")
+                  f"and committed the store {shown}")
         elif args.commit_when_done:
             print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; the last task to "
                   "finish commits the store")
         else:
             print(f"task {result.task} of {result.tasks}: {len(result.files)} files, {done}; when every task is "
-                  f"done: loadspec build --commit {args.out}")
+                  f"done: loadspec build --commit {shown}")
         return 0
     store = TokenStore.build(args.source, args.tokenizer, args.out, text_field=args.text_field, num_proc=args.num_proc,
                              add_bos=args.add_bos, add_eos=not args.no_eos, split=args.split, overwrite=args.overwrite,
@@ -385,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("build", help="tokenize a dataset into a token store (with a progress bar)")
     b.add_argument("source", help="files, a directory, a save_to_disk directory, or a load_dataset cache")
-    b.add_argument("out", type=Path, nargs="?", default=None)
+    b.add_argument("out", nargs="?", default=None, help="a directory, or with --task/--commit an fsspec URL "
+                   "(s3://bucket/store)")
     b.add_argument("--tokenizer", default=None, help="a tokenizer directory or tokenizer.json (required to tokenize)")
     b.add_argument("--text-field", default="text")
     b.add_argument("--split", default=None)
@@ -402,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --task/--task-from-env: the last task to finish commits the store (no --commit step)")
     b.add_argument("--commit", action="store_true",
                    help="validate the tasks' fragments and publish the store at OUT (loadspec build --commit OUT)")
+    b.add_argument("--storage-option", type=_storage_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="an fsspec storage option for a URL OUT (repeatable; VALUE is JSON when it parses), e.g. "
+                        "endpoint_url=http://minio:9000; credentials are best left to the environment")
     b.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("preview", help="decode the first samples, marking document boundaries and masked labels")

@@ -23,7 +23,7 @@ from conformance.impl_tests.remote_servers import CREDENTIALS, S3Server, s3_opti
 from conformance.impl_tests.test_build_tasks import OPTS, published
 from conformance.impl_tests.test_store import make_docs, word_tokenizer
 from fixtures import generators
-from impl import build_remote
+from impl import build_remote, cli
 from impl.build_remote import RemoteCommit
 from impl.build_tasks import STAGING_DIR, build_task, commit_build
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError, StoreNotFoundError
@@ -247,6 +247,22 @@ def test_no_message_shows_the_credentials_of_the_storage_options(s3, source, tok
     for exc in (missing_bucket.value, corrupted.value):
         shown = "".join(traceback.format_exception(exc))   # the message and every chained cause a log would print
         assert "sekrit-do-not-print" not in shown and CREDENTIALS["key"] not in shown
+
+
+def test_the_cli_builds_tasks_into_s3_with_storage_options_and_commits(s3, source, tok_dir, local, tmp_path, prefix,
+                                                                        capsys):
+    url = f"s3://{BUCKET}/{prefix}"
+    options = ["--storage-option", f"endpoint_url={s3.url}",
+               "--storage-option", 'client_kwargs={"region_name": "us-east-1"}']
+    for i in range(2):
+        assert cli.main(["build", str(source), url, "--tokenizer", str(tok_dir), "--task", str(i), "--tasks", "2",
+                         *options]) == 0
+    assert f"when every task is done: loadspec build --commit {url}" in capsys.readouterr().out
+    assert "meta.json" not in keys(s3, prefix)
+    assert cli.main(["build", "--commit", url, *options]) == 0
+    assert f"committed store {url}: 23 documents" in capsys.readouterr().out
+    copy = TokenStore.open(downloaded(s3, prefix, tmp_path / "copy"))   # the CLI's docs_per_file: other files
+    assert [np.asarray(copy[i]).tolist() for i in range(23)] == [np.asarray(local[i]).tolist() for i in range(23)]
 
 
 def test_a_file_url_builds_and_commits_through_the_local_protocol_identically(source, tok_dir, local, tmp_path):

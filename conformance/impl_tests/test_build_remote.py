@@ -9,6 +9,9 @@ rerun only a killed task, and let exactly one of two committers publish.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import signal
 import threading
 import traceback
 import uuid
@@ -168,6 +171,64 @@ def test_a_task_killed_mid_upload_leaves_no_fragment_and_a_relaunch_reruns_it_al
     results = run_tasks(s3, source, tok_dir, url, 3)
     assert [r.skipped for r in results] == [True, False, True] and results[1].files == (1, 4, 7)
     commit_build(url, storage_options=s3_options(s3.url))
+    assert published(downloaded(s3, prefix, tmp_path / "copy")) == published(local.path)
+
+
+def _task_killed_by_sigkill(source: str, tok_dir: str, url: str, endpoint: str, point: str) -> None:
+    """Task 1 of 3 killed with SIGKILL: half way through uploading its second file, or after its last file."""
+    from impl import build_remote as remote_module
+
+    real = remote_module._upload
+    uploads = [0]
+
+    def upload(out, local_path, name, size, who, hint):
+        if point == "mid-upload" and uploads[0] == 1:
+            out.fs.pipe_file(out.path(name), Path(local_path).read_bytes()[: size // 2])
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(out, local_path, name, size, who, hint)
+        uploads[0] += 1
+        if point == "before-fragment" and uploads[0] == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    remote_module._upload = upload
+    build_task(source, tok_dir, url, task=1, tasks=3, storage_options=s3_options(endpoint), **OPTS)
+
+
+@pytest.mark.parametrize("point", ["mid-upload", "before-fragment"])
+def test_a_task_killed_by_sigkill_while_uploading_is_rerun_alone_and_the_store_is_identical(
+        s3, source, tok_dir, local, tmp_path, prefix, point):
+    url = f"s3://{BUCKET}/{prefix}"
+    run_tasks(s3, source, tok_dir, url, 3, only=[0, 2])
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_task_killed_by_sigkill, args=(str(source), str(tok_dir), url, s3.url, point))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -signal.SIGKILL
+    names = keys(s3, prefix)
+    assert f"{STAGING_DIR}/task-00001-of-00003.json" not in names
+    assert ("tokens-00007.arrow" in names) == (point == "before-fragment") and "tokens-00004.arrow" in names
+    results = run_tasks(s3, source, tok_dir, url, 3)
+    assert [r.skipped for r in results] == [True, False, True]
+    commit_build(url, storage_options=s3_options(s3.url))
+    assert published(downloaded(s3, prefix, tmp_path / "copy")) == published(local.path)
+
+
+def test_a_commit_killed_before_meta_json_publishes_nothing_and_a_second_commit_publishes_the_identical_store(
+        s3, source, tok_dir, local, tmp_path, prefix, monkeypatch):
+    url = f"s3://{BUCKET}/{prefix}"
+    run_tasks(s3, source, tok_dir, url, 2)
+
+    def killed() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_remote, "_before_meta", killed)
+    with pytest.raises(KeyboardInterrupt):
+        commit_build(url, storage_options=s3_options(s3.url))
+    assert "blocks.crc32" in keys(s3, prefix) and "meta.json" not in keys(s3, prefix)
+    with pytest.raises(StoreNotFoundError):
+        TokenStore.open(url, local=tmp_path / "cache", storage_options=s3_options(s3.url))
+    monkeypatch.setattr(build_remote, "_before_meta", lambda: None)
+    assert commit_build(url, storage_options=s3_options(s3.url)).fingerprint == local.fingerprint
     assert published(downloaded(s3, prefix, tmp_path / "copy")) == published(local.path)
 
 

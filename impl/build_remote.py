@@ -40,6 +40,7 @@ import json
 import os
 import re
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,10 +58,11 @@ if TYPE_CHECKING:
     from impl.build import PreparedBuild
     from impl.build_tasks import TaskResult
 
-__all__ = ["RemoteCommit", "commit_remote", "local_out", "remote_url", "run_remote_task"]
+__all__ = ["RemoteCommit", "commit_remote", "local_out", "read_reports", "remote_url", "run_remote_task"]
 
 _LOCAL_SCHEMES = ("file", "local")
 _CHUNK = 4 * 1024 * 1024
+_REPORT_EVERY_S = 10.0
 _FOLDED_URL = re.compile(r"^[a-z][a-z0-9+.-]*:/[^/]")
 _T = TypeVar("_T")
 
@@ -215,7 +217,16 @@ def _calling(what: str, error: type[LoadspecError], hint: str, call: Callable[..
 def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
                     storage_options: Mapping[str, Any] | None, progress: bool, commit_when_done: bool) -> TaskResult:
     """Task ``index`` of ``count`` of a build into ``url``: upload its token files, then its fragment (see module)."""
-    from impl.build_tasks import STAGING_DIR, TaskResult, fragment_document, fragment_name, owned_files, task_encoder
+    from impl.build_tasks import (
+        STAGING_DIR,
+        TaskResult,
+        fragment_document,
+        fragment_name,
+        owned_files,
+        progress_name,
+        sum_reports,
+        task_encoder,
+    )
 
     out = _Out(url, storage_options)
     fragment = f"{STAGING_DIR}/{fragment_name(index, count)}"
@@ -230,6 +241,7 @@ def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
     enc = task_encoder(plan)
     files: list[dict[str, Any]] = []
     bar = progress_bar(progress, None)
+    started, tokens, shown = time.time(), 0, 0.0
     hint = f"its fragment was not written, other tasks' fragments are untouched: fix the cause and {relaunch}"
     try:
         # A fragment that does not validate is removed first: until the new one is uploaded, this task has none.
@@ -248,7 +260,15 @@ def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
                 _upload(out, local, name, record["size"], f"task {index} of {count}", hint)
                 os.unlink(local)
                 files.append({"index": f, "record": record})
+                tokens += record["num_tokens"]
+                report = json.dumps({"tokens": tokens, "files": len(files), "started": started, "now": time.time()})
+                with contextlib.suppress(Exception):   # a report is advisory: a failed one never fails the task
+                    out.fs.pipe_file(out.path(f"{STAGING_DIR}/{progress_name(index, count)}"), report.encode())
                 bar.update(len(texts))
+                if progress and hasattr(bar, "set_postfix_str") and time.monotonic() - shown >= _REPORT_EVERY_S:
+                    shown = time.monotonic()   # reading every task's report is one GET per task: not every file
+                    total, rate = sum_reports(read_reports(url, count, storage_options))
+                    bar.set_postfix_str(f"all tasks: {total} tokens, {rate / 1e6:.2f}M tokens/s", refresh=False)
         body = json.dumps(fragment_document(plan, index, count, seen[0], files), sort_keys=True, allow_nan=False,
                           ensure_ascii=False).encode("utf-8")
         _calling(f"task {index} of {count} uploading its fragment {out.where(fragment)}", BuildTaskError, hint,
@@ -257,6 +277,20 @@ def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
         bar.close()
     return TaskResult(task=index, tasks=count, skipped=False, files=tuple(f["index"] for f in files),
                       committed=commit_when_done and _commit_if_last(out, count, storage_options, url))
+
+
+def read_reports(url: str, tasks: int, storage_options: Mapping[str, Any] | None) -> list[bytes]:
+    """The progress reports of ``tasks`` tasks under ``url`` (one GET each; a missing or unreadable one is left out)."""
+    from impl.build_tasks import STAGING_DIR, progress_name
+
+    out = _Out(url, storage_options)
+    reports = []
+    for i in range(tasks):
+        with contextlib.suppress(Exception):
+            raw = out.read(f"{STAGING_DIR}/{progress_name(i, tasks)}")
+            if raw is not None:
+                reports.append(raw)
+    return reports
 
 
 def _upload(out: _Out, local: str, name: str, size: int, who: str, hint: str) -> None:

@@ -180,7 +180,7 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
         for f, texts in owned:
             files.append({"index": f, "record": write_encoded(enc, str(staging / FILE_TEMPLATE.format(f)), texts)})
             tokens += files[-1]["record"]["num_tokens"]
-            atomic_write_json(staging / f"progress-{index:05d}-of-{count:05d}.json",
+            atomic_write_json(staging / progress_name(index, count),
                               {"tokens": tokens, "files": len(files), "started": started, "now": time.time()},
                               indent=None)
             bar.update(len(texts))
@@ -241,18 +241,39 @@ def fragment_document(plan: PreparedBuild, index: int, count: int, num_files: in
             "template": {k: v for k, v in plan.meta([]).items() if k not in _TIMES}}
 
 
-def tasks_progress(out_dir: str | os.PathLike[str], tasks: int) -> tuple[int, float]:
+def progress_name(task: int, tasks: int) -> str:
+    """``progress-00002-of-00007.json``: where task 2 of 7 reports its counts, in the staging area."""
+    return f"progress-{task:05d}-of-{tasks:05d}.json"
+
+
+def tasks_progress(out_dir: str | os.PathLike[str], tasks: int,
+                   storage_options: Mapping[str, Any] | None = None) -> tuple[int, float]:
     """``(tokens written, tokens/s)`` of all ``tasks`` tasks together, from their progress files.
 
     The rate is the total over the time from the earliest task's start to the
-    latest report; a task that has not reported yet counts zero.
+    latest report; a task that has not reported yet counts zero. ``out_dir``
+    may be an fsspec URL (the reports are objects in its staging area).
     """
+    url, out_dir = _out_of(out_dir, storage_options)
+    if url is not None:
+        from impl.build_remote import read_reports
+
+        return sum_reports(read_reports(url, tasks, storage_options))
     staging = Path(os.fspath(out_dir)) / STAGING_DIR
-    total, first, last = 0, float("inf"), 0.0
+    reports = []
     for i in range(tasks):
+        with contextlib.suppress(OSError):
+            reports.append((staging / progress_name(i, tasks)).read_bytes())
+    return sum_reports(reports)
+
+
+def sum_reports(reports: list[bytes]) -> tuple[int, float]:
+    """``(tokens, tokens/s)`` of the tasks' progress reports (a report that does not parse counts zero)."""
+    total, first, last = 0, float("inf"), 0.0
+    for raw in reports:
         try:
-            rep = json.loads((staging / f"progress-{i:05d}-of-{tasks:05d}.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            rep = json.loads(raw)
+        except ValueError:
             continue
         total += int(rep["tokens"])
         first, last = min(first, float(rep["started"])), max(last, float(rep["now"]))

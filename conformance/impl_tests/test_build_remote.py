@@ -28,7 +28,7 @@ from conformance.impl_tests.test_store import make_docs, word_tokenizer
 from fixtures import generators
 from impl import build_remote, cli
 from impl.build_remote import RemoteCommit
-from impl.build_tasks import STAGING_DIR, build_task, commit_build
+from impl.build_tasks import STAGING_DIR, build_task, commit_build, tasks_progress
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError, StoreNotFoundError
 from impl.store import TokenStore
 
@@ -112,8 +112,8 @@ def test_until_the_commit_the_bucket_holds_no_meta_json_so_a_reader_refuses_the_
     url = f"s3://{BUCKET}/{prefix}"
     run_tasks(s3, source, tok_dir, url, 2)
     names = keys(s3, prefix)
-    assert names == sorted([f"{STAGING_DIR}/task-00000-of-00002.json", f"{STAGING_DIR}/task-00001-of-00002.json",
-                            *(f"tokens-{f:05d}.arrow" for f in range(8))])
+    assert names == sorted([*(f"{STAGING_DIR}/{kind}-0000{i}-of-00002.json" for kind in ("task", "progress")
+                              for i in range(2)), *(f"tokens-{f:05d}.arrow" for f in range(8))])
     with pytest.raises(StoreNotFoundError, match=r"has no meta\.json"):
         TokenStore.open(url, local=tmp_path / "cache", storage_options=s3_options(s3.url))
 
@@ -279,8 +279,8 @@ def test_a_filesystem_without_conditional_create_is_refused_at_commit_and_nothin
                                                r"conditional create.*two concurrent committers could both publish"):
         commit_build(url)
     stored = sorted(k.rsplit(prefix, 1)[1] for k in _NoCreateFileSystem.store if prefix in k)
-    assert stored == sorted([f"/{STAGING_DIR}/task-00000-of-00002.json", f"/{STAGING_DIR}/task-00001-of-00002.json",
-                             *(f"/tokens-{f:05d}.arrow" for f in range(8))])
+    assert stored == sorted([*(f"/{STAGING_DIR}/{kind}-0000{i}-of-00002.json" for kind in ("task", "progress")
+                               for i in range(2)), *(f"/tokens-{f:05d}.arrow" for f in range(8))])
 
 
 def test_with_commit_when_done_the_last_task_into_s3_commits_the_identical_store(s3, source, tok_dir, local, tmp_path,
@@ -292,6 +292,15 @@ def test_with_commit_when_done_the_last_task_into_s3_commits_the_identical_store
     assert published(downloaded(s3, prefix, tmp_path / "copy")) == published(local.path)
     with pytest.raises(BuildCommitError, match="is already a committed store"):
         run_tasks(s3, source, tok_dir, url, 2, only=[1])
+
+
+def test_each_task_into_s3_reports_its_tokens_so_the_progress_of_all_tasks_is_their_sum(s3, source, tok_dir, local,
+                                                                                       prefix):
+    url = f"s3://{BUCKET}/{prefix}"
+    run_tasks(s3, source, tok_dir, url, 3, only=[0, 2])
+    total, rate = tasks_progress(url, 3, storage_options=s3_options(s3.url))
+    owned = [f for f in range(len(local.meta["files"])) if f % 3 in (0, 2)]
+    assert total == sum(local.meta["files"][f]["num_tokens"] for f in owned) and rate > 0
 
 
 def test_no_message_shows_the_credentials_of_the_storage_options(s3, source, tok_dir, prefix):

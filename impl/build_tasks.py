@@ -17,7 +17,10 @@ its files and then, atomically, its fragment
 and CRCs, the number of files of the whole source). :func:`commit_build`
 (under the ``<out>.lock`` lock) validates every fragment, renames the token
 files into ``<out>``, writes the CRC tables and publishes ``meta.json`` last
-and atomically: its existence is the commit point.
+and atomically: its existence is the commit point. An fsspec URL output
+(``s3://bucket/store``) has no rename and no lock: its tasks upload the
+token files under their final names and the commit creates ``meta.json``
+conditionally (:mod:`impl.build_remote`).
 
 Worked example (7 documents, ``docs_per_file=2``, 2 tasks): files 0..3 hold
 documents [0,2) [2,4) [4,6) [6,7); task 0 writes files 0 and 2, task 1

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from impl._atomic import atomic_write_bytes
+from impl.arrow_stream import is_arrow_stream, read_stream_batch, stream_units
 from impl.errors import ConfigError, SourceError, is_int, require
 from impl.files import FileAccess, LocalFiles
 
@@ -268,6 +269,8 @@ def build_unit_index(paths: str | Sequence[str], *, files: FileAccess | None = N
         fmt, comp = file_format(name)
         require(st.size > 0, SourceError, f"{access.where(name)} is empty (0 bytes): it holds no row; remove it or "
                 "leave it out of paths")
+        if fmt == "arrow" and is_arrow_stream(access, name):
+            fmt = "arrow_stream"        # HF datasets' .arrow: an IPC stream, batches found by scanning (STREAM-18)
         entries.append((name, fmt, bool(comp), st.size, st.version))
         comps.append(comp)
     cache = None
@@ -286,6 +289,8 @@ def build_unit_index(paths: str | Sequence[str], *, files: FileAccess | None = N
                 units.append(Unit(i, 0, len(data), _line_units(data, len(data), i)[0].rows))
             else:
                 units.extend(_line_units(data, unit_bytes, i))
+        elif fmt == "arrow_stream":
+            units.extend(stream_units(access, name, text_field, i))
         else:
             units.extend(Unit(i, g, g + 1, n) for g, n in enumerate(_pyarrow_groups(access, name, fmt, text_field)))
     index = UnitIndex(unit_bytes=unit_bytes, files=tuple(entries), units=tuple(units), compression=tuple(comps))
@@ -347,6 +352,8 @@ def read_unit(files: FileAccess, index: UnitIndex, unit: int, text_field: str = 
     where = files.where(name)
     if fmt in ("parquet", "arrow"):
         return list[str | None](_read_group(files, name, fmt, u.start, text_field))
+    if fmt == "arrow_stream":
+        return list[str | None](read_stream_batch(files, name, u.start, u.stop, text_field))
     comp = index.compression[u.file] if index.compression else ("gz" if index.files[u.file][2] else "")
     data = text_bytes(files, name, comp)
     chunk = bytes(data[u.start:u.stop])

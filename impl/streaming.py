@@ -60,6 +60,7 @@ from impl.collation import batch_cu_seqlens
 from impl.encoding import resolve_tokenizer
 from impl.errors import ConfigError, StateError, TokenizerError, is_int, require
 from impl.files import FileAccess, LocalFiles
+from impl.hf_sources import hf_paths
 from impl.partition import distributed_topology
 from impl.stream_lanes import (
     FRESH,
@@ -216,7 +217,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
     ``paths``: names or globs under ``files`` (default: the local
     filesystem), or fsspec URLs (``s3://bucket/data/*.jsonl``) under one root
     read through :class:`impl.remote.RemoteFiles` with ``local`` (a node-local
-    cache directory), ``cache_limit`` and ``storage_options``; ``tokenizer``: a tokenizer directory, ``tokenizer.json``, or
+    cache directory), ``cache_limit`` and ``storage_options``, or an HF source
+    (:mod:`impl.hf_sources`: a ``save_to_disk`` or ``load_dataset`` cache
+    directory, with ``split`` for a DatasetDict; a ``datasets.Dataset`` or
+    ``IterableDataset``); ``tokenizer``: a tokenizer directory, ``tokenizer.json``, or
     a (fast) tokenizer object; ``packing``: ``concat`` or ``chunk``;
     ``num_lanes`` fixes the lanes (world size × workers must divide it);
     ``shuffle`` permutes units and rows of ``unit_window`` units per epoch;
@@ -233,7 +237,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
     in its lane's epoch) ``[B]``, plus ``cu_seqlens`` / ``max_seqlen``.
     """
 
-    def __init__(self, paths: str | Sequence[str], *, tokenizer: Any, seq_len: int, packing: str = "concat",
+    def __init__(self, paths: Any, *, tokenizer: Any, seq_len: int, packing: str = "concat",
                  num_lanes: int = 1, seed: int = 0, shuffle: bool = False, unit_window: int = 1,
                  shuffle_buffer_size: int = 0, unit_bytes: int = 1 << 20, text_field: str = "text",
                  add_bos: bool = False, add_eos: bool = True, min_len: int = 0, pad_id: int | None = None,
@@ -241,8 +245,12 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                  cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None,
                  files: FileAccess | None = None, index_dir: str | os.PathLike[str] | None = None,
                  batch_size: int = 1, rank: int | None = None, world_size: int | None = None,
-                 num_workers: int = 0, epoch: int = 0) -> None:
+                 num_workers: int = 0, epoch: int = 0, split: str | None = None) -> None:
         super().__init__()
+        hf_files = hf_paths(paths, split) if files is None else None     # an HF source names its files (STREAM-19)
+        require(files is None or split is None, ConfigError,
+                "split= is for an HF source read from the local filesystem; with files= leave it out")
+        paths = paths if hf_files is None else hf_files
         require(packing in _MODES, ConfigError,
                 f"packing={packing!r} is not a streaming mode; choose one of {_MODES} (the bin modes need a view "
                 "beyond one lane: build a TokenStore and use PackedDataset)")

@@ -1,4 +1,4 @@
-"""Meta tests: reference.arrow_stream obeys STREAM-18.
+"""Meta tests: reference.arrow_stream and reference.hf_sources obey STREAM-18 and STREAM-19.
 
 The oracle for a stream's batch ranges is pyarrow's own message reader
 (``pyarrow.ipc.MessageReader`` and the stream position after each message),
@@ -6,6 +6,9 @@ never the framing scan under test.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,6 +18,7 @@ from hypothesis import strategies as st
 from conformance.assertions import assert_equal, assert_raises_typed
 from reference.arrow_stream import ArrowStreamFile, stream_batches
 from reference.errors import SourceError
+from reference.hf_sources import cache_shards, hf_data_files
 from reference.packing import PackingConfig
 from reference.streaming import StreamingConfig, StreamingReferenceLoader
 from reference.units import RowFile, build_index, read_unit
@@ -106,3 +110,75 @@ def test_a_stream_with_a_dictionary_batch_a_cut_message_or_no_schema_raises_nami
     assert_raises_typed(SourceError, stream_batches, "e.arrow", bytes(8), clause="STREAM-18",
                         what="no message", mentions=["e.arrow", "no schema"])
 
+
+def listing(directory):
+    """A directory as the reference's model: every file's path under it and its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+            and not p.name.endswith(".lock")}
+
+
+def quiet_datasets():
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+@pytest.mark.clause("STREAM-19")
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=3), shards=st.integers(1, 3))
+def test_a_save_to_disk_directory_streams_the_files_load_from_disk_reads_in_its_order(tmp_path_factory, sizes,
+                                                                                          shards):
+    datasets = quiet_datasets()
+    directory = tmp_path_factory.mktemp("saved")
+    splits = {f"s{i}": datasets.Dataset.from_dict({"text": [f"r{j}" for j in range(n)]}) for i, n in enumerate(sizes)}
+    dd = datasets.DatasetDict(splits)
+    dd.save_to_disk(str(directory), num_shards={k: min(shards, len(v)) for k, v in splits.items()})
+    loaded = datasets.load_from_disk(str(directory))
+    for split in splits:
+        expected = [str(Path(c["filename"]).relative_to(directory))
+                    for c in loaded[split].cache_files]
+        assert_equal(hf_data_files(listing(directory), split), expected, clause="STREAM-19", what=f"split {split}")
+        inner = {k[len(split) + 1:]: v for k, v in listing(directory).items() if k.startswith(split + "/")}
+        assert_equal(hf_data_files(inner), [e[len(split) + 1:] for e in expected], clause="STREAM-19",
+                     what=f"the Dataset directory of split {split}")
+    assert_raises_typed(SourceError, hf_data_files, listing(directory), clause="STREAM-19", what="no split",
+                        mentions=["DatasetDict", *splits, "split="])
+    assert_raises_typed(SourceError, hf_data_files, listing(directory), "nope", clause="STREAM-19",
+                        what="unknown split", mentions=["'nope'", *splits])
+
+
+@pytest.mark.clause("STREAM-19")
+def test_a_state_json_order_wins_over_the_listing_order_and_a_named_missing_file_raises():
+    files = {"state.json": b'{"_data_files": [{"filename": "b.arrow"}, {"filename": "a.arrow"}], "_split": "train"}',
+             "a.arrow": b"", "b.arrow": b"", "dataset_info.json": b"{}"}
+    assert_equal(hf_data_files(files), ["b.arrow", "a.arrow"], clause="STREAM-19", what="state.json order")
+    assert_equal(hf_data_files(files, "train"), ["b.arrow", "a.arrow"], clause="STREAM-19", what="its own split")
+    assert_raises_typed(SourceError, hf_data_files, files, "test", clause="STREAM-19", what="split of a Dataset",
+                        mentions=["'test'", "one Dataset", "leave split out"])
+    del files["a.arrow"]
+    assert_raises_typed(SourceError, hf_data_files, files, clause="STREAM-19", what="missing data file",
+                        mentions=["'a.arrow'", "save it again"])
+    assert_raises_typed(SourceError, hf_data_files, {"x.arrow": b""}, clause="STREAM-19", what="not an HF directory",
+                        mentions=["save_to_disk", "load_dataset"])
+
+
+@pytest.mark.clause("STREAM-19")
+def test_a_load_dataset_cache_streams_one_split_s_shards_in_shard_order(tmp_path):
+    datasets = quiet_datasets()
+    for name, n in (("train", 5), ("test", 2)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": f"{name}{j}"}) + "\n" for j in range(n)))
+    built = datasets.load_dataset("json", data_files={s: str(tmp_path / f"{s}.jsonl") for s in ("train", "test")},
+                                  cache_dir=str(tmp_path / "cache"))
+    (info,) = list((tmp_path / "cache").rglob("dataset_info.json"))
+    directory = info.parent
+    for split in ("train", "test"):
+        expected = [str(Path(c["filename"]).relative_to(directory))
+                    for c in built[split].cache_files]
+        assert_equal(hf_data_files(listing(directory), split), expected, clause="STREAM-19", what=split)
+    assert_raises_typed(SourceError, hf_data_files, listing(directory), clause="STREAM-19", what="two splits",
+                        mentions=["'test'", "'train'", "split="])
+    shards = ["a-b-train-00001-of-00002.arrow", "a-b-train-00000-of-00002.arrow"]
+    assert_equal(cache_shards(shards), {"train": sorted(shards)}, clause="STREAM-19", what="hyphenated builder")
+    assert_raises_typed(SourceError, cache_shards, shards[:1], clause="STREAM-19", what="a shard missing",
+                        mentions=["'train'", "load_dataset"])

@@ -76,7 +76,7 @@ from impl.stream_lanes import (
     snapshot_from_json,
     valid_world_sizes,
 )
-from impl.units import UnitIndex, build_unit_index, read_unit, split_urls
+from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, split_urls
 from reference.packing import PackingConfig
 from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamingConfig
 
@@ -512,7 +512,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                 f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
         differs = []
         if state["index"] != self.index.fingerprint:
-            differs.append("the unit index (a file was changed, added, removed or reordered, or unit_bytes differs)")
+            differs.append(describe_change(self.index_dir, state["index"], self.index))
         if state["tokenizer"] != self.tokenizer_id:
             differs.append(f"the tokenizer ({state['tokenizer']!r} in the checkpoint, {self.tokenizer_id!r} here)")
         options = self.config.to_json()

@@ -316,6 +316,48 @@ def _load_cached(path: str, entries: list[tuple[str, str, bool, int, str]], unit
     return index
 
 
+def describe_change(index_dir: str | None, fingerprint: str, index: UnitIndex) -> str:
+    """What differs between the index a state was taken on and ``index``, naming files when ``index_dir`` holds the old one.
+
+    The state holds only the old index's fingerprint (STREAM-13); its files
+    are known only if that index was cached under ``index_dir``.
+    """
+    what = "the unit index (a file was changed, added, removed or reordered, or unit_bytes differs"
+    body: Any = None
+    try:
+        for name in sorted(os.listdir(index_dir)) if index_dir is not None else []:
+            if name.endswith(".json"):
+                with open(os.path.join(index_dir, name), "rb") as f:    # type: ignore[arg-type]
+                    candidate = json.loads(f.read())
+                if isinstance(candidate, dict) and candidate.get("fingerprint") == fingerprint:
+                    body = candidate
+                    break
+    except (OSError, ValueError):
+        body = None
+    if body is None:
+        return what + ("; with the same index_dir at checkpoint and resume the changed file is named)"
+                       if index_dir is None else ")")
+    before = {str(f[0]): f for f in body.get("files", [])}
+    now = {f[0]: list(f) for f in index.files}
+    parts = [f"{n} changed (size {before[n][3]}, version {before[n][4]} at the checkpoint; size {f[3]}, version "
+             f"{f[4]} now)" for n, f in now.items() if n in before and list(before[n]) != f]
+    parts += [f"{n} was added" for n in now if n not in before] + [f"{n} was removed" for n in before if n not in now]
+    if not parts and list(before) != list(now):
+        parts.append("the files were reordered")
+    return what.split(" (")[0] + " (" + ("; ".join(parts) or f"unit_bytes {body.get('unit_bytes')} then") + ")"
+
+
+def check_unchanged(files: FileAccess, entry: tuple[str, str, bool, int, str]) -> None:
+    """Refuse a file whose size or version moved since the index was built: its units' byte ranges no longer hold."""
+    name, _, _, size, version = entry
+    st = files.stat(name)
+    require(st is not None and (st.size, st.version) == (size, version), SourceError,
+            f"{files.where(name)} changed since its unit index was built (size {size}, version {version} then; "
+            f"{'missing' if st is None else f'size {st.size}, version {st.version}'} now), so a state taken on it "
+            "cannot be resumed: restore the file as it was, or build a new StreamingDataset and start from a fresh "
+            "state")
+
+
 def decode_line(where: str, fmt: str, offset: int, line: bytes, text_field: str) -> str:
     """One line as text (STREAM-2), with the reference's errors: not UTF-8, not JSON, no string ``text_field``."""
     try:
@@ -353,6 +395,7 @@ def read_unit(files: FileAccess, index: UnitIndex, unit: int, text_field: str = 
     if fmt in ("parquet", "arrow"):
         return list[str | None](_read_group(files, name, fmt, u.start, text_field))
     if fmt == "arrow_stream":
+        check_unchanged(files, index.files[u.file])
         return list[str | None](read_stream_batch(files, name, u.start, u.stop, text_field))
     comp = index.compression[u.file] if index.compression else ("gz" if index.files[u.file][2] else "")
     data = text_bytes(files, name, comp)

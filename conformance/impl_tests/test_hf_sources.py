@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.impl_tests.streaming_corpus import file_specs, impl_rows, ref_rows, take, tokenizer, words, write
-from impl.errors import ConfigError, SourceError
+from impl.errors import ConfigError, SourceError, StateError
 from impl.files import LocalFiles
 from impl.streaming import StreamingDataset
 from impl.units import build_unit_index, read_unit
@@ -250,3 +250,23 @@ def test_an_hf_directory_without_the_text_column_is_refused_naming_the_file_and_
     with pytest.raises(SourceError, match=r"neither a save_to_disk directory nor a load_dataset cache"):
         _ds(str(tmp_path))
 
+
+@pytest.mark.clause("STREAM-15", "STREAM-18")
+def test_an_arrow_file_changed_between_checkpoint_and_resume_is_refused_naming_the_file(tmp_path):
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": [f"row {i} ab ab" for i in range(8)]}).save_to_disk(str(saved))
+    idx = tmp_path / "idx"
+    ds = _ds(str(saved), index_dir=idx)
+    take(iter(ds), 2)
+    state = ds.state_dict()
+    other = tmp_path / "other"
+    datasets.Dataset.from_dict({"text": [f"new row {i}" for i in range(9)]}).save_to_disk(str(other))
+    os.replace(other / "data-00000-of-00001.arrow", saved / "data-00000-of-00001.arrow")
+    name = str(saved / "data-00000-of-00001.arrow")
+    with pytest.raises(StateError, match=rf"unit index \({name} changed \(size \d+, version \d+ at the checkpoint; "
+                                         rf"size \d+, version \d+ now\)\).*start from a fresh state"):
+        _ds(str(saved), index_dir=idx).load_state_dict(state)
+    with pytest.raises(StateError, match=r"with the same index_dir at checkpoint and resume the changed file is named"):
+        _ds(str(saved)).load_state_dict(state)
+    with pytest.raises(SourceError, match=rf"{name} changed since its unit index was built .*restore the file"):
+        impl_rows(take(iter(ds), 1))

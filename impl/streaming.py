@@ -1,7 +1,7 @@
 """StreamingDataset: raw jsonl / txt / parquet / Arrow files tokenized on the fly, in lanes, with exact, elastic resume.
 
-Conforms to STREAM-1 .. STREAM-15 and STREAM-17 (docs/SEMANTICS.md, "Streaming"; units
-through ``impl.units``, lanes through ``impl.stream_lanes``); its model is
+Conforms to STREAM-1 .. STREAM-15, STREAM-17 .. STREAM-19 (docs/SEMANTICS.md, "Streaming"; units
+through ``impl.units``, HF sources through ``impl.hf_sources``, lanes through ``impl.stream_lanes``); its model is
 ``reference.streaming.StreamingReferenceLoader``: for the same files,
 config, tokenizer and topology, the batches are the reference's, sample for
 sample, and ``state_dict()`` is the reference's JSON (STREAM-13).

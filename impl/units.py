@@ -1,6 +1,7 @@
 """The unit index of a streaming source, read through the file seam (STREAM-1 .. STREAM-5).
 
-Conforms to STREAM-1 .. STREAM-5; its model is ``reference.units``:
+Conforms to STREAM-1 .. STREAM-5 and STREAM-18 (Arrow IPC streams, through
+``impl.arrow_stream``); its model is ``reference.units``:
 ``build_unit_index(...)`` equals ``reference.units.build_index`` over the
 same files (same units, same fingerprint), and ``read_unit`` equals
 ``reference.units.read_unit``.

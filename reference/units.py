@@ -5,7 +5,8 @@ to tokenize before training, so a streaming loader reads it in pieces. A
 *unit* is the smallest piece it can open without reading what comes before
 it: a newline-aligned byte range of a jsonl / txt file (STREAM-1), a whole
 compressed file (STREAM-3), a parquet row group or an Arrow record batch
-(STREAM-4). Every row of the source belongs to exactly one unit, so a row is
+(STREAM-4), an Arrow IPC stream's record batch (STREAM-18, in
+``reference.arrow_stream``). Every row of the source belongs to exactly one unit, so a row is
 named by ``(unit, row)`` and a resume re-reads a row by opening one unit.
 
 The model: a source is a list of files. A text file holds its (decompressed)

@@ -168,6 +168,7 @@ def test_a_dataset_directory_its_loaded_dataset_and_a_load_dataset_cache_stream_
     built = datasets.load_dataset("json", data_files={"train": jsonl}, cache_dir=str(tmp_path / "cache"))
     cache_dir = os.path.dirname(built["train"].cache_files[0]["filename"])
     assert _epochs(_ds(cache_dir)) == want
+    assert _ds(built["train"]).index.fingerprint == _ds(cache_dir).index.fingerprint   # same files, same identity
     assert _epochs(_ds(built["train"])) == want
     assert _epochs(_ds(built, split="train")) == want
     built["train"].save_to_disk(str(tmp_path / "saved"))
@@ -177,6 +178,7 @@ def test_a_dataset_directory_its_loaded_dataset_and_a_load_dataset_cache_stream_
     assert _resumes_exactly(lambda: _ds(loaded), 2)
     streamed = datasets.load_dataset("json", data_files={"train": jsonl}, split="train", streaming=True)
     assert _epochs(_ds(streamed)) == want
+    assert _ds(streamed).index.fingerprint == _ds(jsonl).index.fingerprint
     assert _resumes_exactly(lambda: _ds(streamed), 3)
 
 

@@ -13,8 +13,10 @@ files whose bytes stay put. A map-style ``datasets.Dataset`` qualifies when
 its table is exactly its cache files (memory-mapped, no indices mapping from
 ``select`` / ``shuffle`` / ``filter`` / ``sort``, no column operation or
 in-memory part kept beside them); an ``IterableDataset`` qualifies when it is
-``load_dataset(..., streaming=True)`` over local data files with nothing
-applied after (no ``map``, ``filter``, ``shuffle``, ``take``, ``skip``,
+``load_dataset(..., streaming=True)`` over local data files, or
+``Dataset.to_iterable_dataset()`` of a Dataset that qualifies (its shards,
+joined in order, are whole cache files), with nothing applied after (no
+``map``, ``filter``, ``shuffle``, ``take``, ``skip``,
 ``split_dataset_by_node``): its rows are then those files' rows, which this
 loader reads itself. Anything else raises ``SourceError`` naming the fix
 (``save_to_disk`` it and pass the directory, or pass the data files).
@@ -109,8 +111,15 @@ def directory_files(directory: str, split: str | None) -> list[str]:
     return _cache_split(directory, split)
 
 
-def _dataset_files(ds: Any) -> list[str]:
-    """A map-style Dataset's cache files when its rows are exactly theirs, in row order; refused otherwise."""
+def _file_rows(path: str) -> int:
+    import pyarrow as pa
+
+    with pa.memory_map(path) as source:
+        return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+
+
+def _spans(ds: Any) -> list[tuple[str, int, int]]:
+    """``(file, first row, stop row)`` of each part of a Dataset's table, in row order; refused if a part is not a file's rows."""
     from datasets.table import ConcatenationTable, MemoryMappedTable
 
     what = f"the Dataset ({ds.num_rows} rows, columns {ds.column_names})"
@@ -121,32 +130,69 @@ def _dataset_files(ds: Any) -> list[str]:
             f"{what} has an indices mapping (from select, shuffle, filter, sort, shard or train_test_split), so its "
             "rows are not its cache files' rows in order: call ds = ds.flatten_indices(), or ds.save_to_disk(<dir>) "
             "and pass that directory")
+    beside = (f"{what} holds columns or rows beside its cache files (add_column, rename / remove / cast, a slice, or "
+              "an in-memory part), so the files do not hold its rows as it shows them: write it with "
+              "ds.save_to_disk(<dir>) and pass that directory")
     table = ds._data
     blocks = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
-    leaves = [t for block in blocks for t in block]
-    kept = all(len(block) == 1 for block in blocks) and all(
-        isinstance(t, MemoryMappedTable) and all(op == "replace_schema_metadata" for op, *_ in t.replays)
-        for t in leaves)
-    require(kept, SourceError,
-            f"{what} holds columns or rows beside its cache files (add_column, rename / remove / cast, a slice, or "
-            "an in-memory part), so the files do not hold its rows as it shows them: write it with "
-            "ds.save_to_disk(<dir>) and pass that directory")
-    return [str(t.path) for t in leaves]
+    spans = []
+    for block in blocks:
+        require(len(block) == 1 and isinstance(block[0], MemoryMappedTable), SourceError, beside)
+        leaf = block[0]
+        start, length = 0, _file_rows(str(leaf.path))
+        for op, args, kwargs in leaf.replays:     # a slice keeps rows start .. start + length of the file
+            require(op in ("replace_schema_metadata", "slice"), SourceError, beside)
+            if op == "slice":
+                offset = min(int(args[0] if args else kwargs.get("offset", 0)), length)
+                stop = args[1] if len(args) > 1 else kwargs.get("length")
+                start, length = start + offset, length - offset if stop is None else min(int(stop), length - offset)
+        require(length == leaf.num_rows, SourceError, beside)
+        spans.append((str(leaf.path), start, start + length))
+    return spans
+
+
+def _whole_files(spans: list[tuple[str, int, int]], what: str) -> list[str]:
+    """The files the spans cover when, joined in order, they are whole files; refused otherwise."""
+    merged: list[list[Any]] = []
+    for path, start, stop in spans:
+        if merged and merged[-1][0] == path and merged[-1][2] == start:
+            merged[-1][2] = stop
+        elif start < stop:                      # an empty part holds no row
+            merged.append([path, start, stop])
+    for path, start, stop in merged:
+        if (start, stop) != (0, _file_rows(path)):
+            raise SourceError(f"{what} holds only rows {start} .. {stop} of {path} (a slice, select or shard), so "
+                              "its rows are not its files' rows: write it with ds.save_to_disk(<dir>) and pass that "
+                              "directory")
+    return [p for p, _, _ in merged]
+
+
+def _dataset_files(ds: Any) -> list[str]:
+    """A map-style Dataset's cache files when its rows are exactly theirs, in row order; refused otherwise."""
+    return _whole_files(_spans(ds), f"the Dataset ({ds.num_rows} rows, columns {ds.column_names})")
 
 
 def _iterable_files(ds: Any) -> list[str]:
-    """The local data files an unmodified ``load_dataset(..., streaming=True)`` reads; refused otherwise."""
+    """The local files of an unmodified ``load_dataset(..., streaming=True)`` or ``Dataset.to_iterable_dataset()``."""
     ex = ds._ex_iterable
     kwargs = getattr(ex, "kwargs", None) or {}
+    shards = kwargs.get("shards")
+    hf = sys.modules["datasets"]
+    if type(ex).__name__ == "ArrowExamplesIterable" and isinstance(shards, list) and shards and all(
+            isinstance(s, hf.Dataset) for s in shards):        # Dataset.to_iterable_dataset(): its shards in order
+        require(getattr(ds, "_distributed", None) is None, SourceError,
+                "the IterableDataset was split with split_dataset_by_node; pass the unsplit one: StreamingDataset "
+                "deals lanes to ranks itself (STREAM-10)")
+        return _whole_files([span for s in shards for span in _spans(s)], "the IterableDataset's shards")
     found = next((kwargs[k] for k in ("original_files", "base_files", "files") if k in kwargs), None)
     files: list[Any] = found if isinstance(found, list) else []
     fix = ("an IterableDataset is resumed exactly only when it is load_dataset(..., streaming=True) over local data "
-           "files with nothing applied after: pass those data files (or that IterableDataset), the Dataset itself "
-           "instead of its to_iterable_dataset(), or write the rows with datasets.Dataset.from_generator(...) / "
-           "ds.save_to_disk(<dir>) and pass the directory")
+           "files, or Dataset.to_iterable_dataset() of a Dataset whose rows are its cache files, with nothing applied "
+           "after: pass those data files or that IterableDataset, or write the rows with "
+           "datasets.Dataset.from_generator(...) / ds.save_to_disk(<dir>) and pass the directory")
     require(type(ex).__name__ == "ArrowExamplesIterable" and bool(files), SourceError,
-            f"the IterableDataset is built on {type(ex).__name__} (a generator, a map / filter / shuffle / take / "
-            f"skip, or a Dataset's to_iterable_dataset()), whose rows this loader cannot re-read by position; {fix}")
+            f"the IterableDataset is built on {type(ex).__name__} (a generator, or a map / filter / shuffle / take / "
+            f"skip), whose rows this loader cannot re-read by position; {fix}")
     require(getattr(ds, "_distributed", None) is None, SourceError,
             "the IterableDataset was split with split_dataset_by_node; pass the unsplit one: StreamingDataset deals "
             "lanes to ranks itself (STREAM-10)")

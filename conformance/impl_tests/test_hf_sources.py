@@ -176,6 +176,9 @@ def test_a_dataset_directory_its_loaded_dataset_and_a_load_dataset_cache_stream_
     loaded = datasets.load_from_disk(str(tmp_path / "saved"))
     assert _epochs(_ds(loaded)) == want
     assert _resumes_exactly(lambda: _ds(loaded), 2)
+    for shards in (1, 2, 4):          # a Dataset's to_iterable_dataset: its shards, joined, are its files
+        assert _epochs(_ds(loaded.to_iterable_dataset(num_shards=shards))) == want
+    assert _resumes_exactly(lambda: _ds(loaded.to_iterable_dataset(num_shards=3)), 2)
     streamed = datasets.load_dataset("json", data_files={"train": jsonl}, split="train", streaming=True)
     assert _epochs(_ds(streamed)) == want
     assert _ds(streamed).index.fingerprint == _ds(jsonl).index.fingerprint
@@ -188,6 +191,8 @@ def test_a_save_to_disk_dataset_of_several_shards_streams_them_in_state_json_ord
     datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(tmp_path / "saved"), num_shards=3)
     jsonl = _jsonl(tmp_path / "jsonl", [rows[0:4], rows[4:8], rows[8:12]])
     assert _epochs(_ds(str(tmp_path / "saved"))) == _epochs(_ds(jsonl))
+    loaded = datasets.load_from_disk(str(tmp_path / "saved"))
+    assert _epochs(_ds(loaded.to_iterable_dataset(num_shards=2))) == _epochs(_ds(jsonl))   # shards across files
     state_path = tmp_path / "saved" / "state.json"
     state = json.loads(state_path.read_text())
     state["_data_files"].reverse()
@@ -223,6 +228,11 @@ def test_a_dataset_whose_rows_are_not_its_cache_files_is_refused_naming_save_to_
         _ds(loaded.add_column("n", list(range(10))))
     with pytest.raises(SourceError, match=r"columns or rows beside its cache files"):
         _ds(loaded.rename_column("text", "body"), text_field="body")
+    with pytest.raises(SourceError, match=rf"holds only rows 0 .. 5 of {tmp_path}/saved/data-00000-of-00001.arrow "
+                                          r"\(a slice, select or shard\).*save_to_disk"):
+        _ds(loaded.select(range(5)))
+    with pytest.raises(SourceError, match=r"IterableDataset's shards holds only rows 2 .. 10"):
+        _ds(loaded.select(range(2, 10)).to_iterable_dataset(num_shards=2))
 
 
 def test_an_iterable_dataset_that_cannot_be_reread_by_position_is_refused_naming_the_fix(tmp_path):
@@ -234,8 +244,7 @@ def test_an_iterable_dataset_that_cannot_be_reread_by_position_is_refused_naming
     streamed = datasets.load_dataset("json", data_files=jsonl, split="train", streaming=True)
     with pytest.raises(SourceError, match=r"built on MappedExamplesIterable"):
         _ds(streamed.map(lambda x: {"text": x["text"] + "!"}))
-    with pytest.raises(SourceError, match=r"built on ArrowExamplesIterable .*the Dataset itself instead of its "
-                                          r"to_iterable_dataset\(\)"):
+    with pytest.raises(SourceError, match=r"held in memory \(it has no cache files\)"):
         _ds(datasets.Dataset.from_dict({"text": ["a", "b"]}).to_iterable_dataset())
     with pytest.raises(SourceError, match=r"split_dataset_by_node; pass the unsplit one"):
         from datasets.distributed import split_dataset_by_node

@@ -73,7 +73,7 @@ def stream_units(files: FileAccess, name: str, text_field: str, file: int) -> li
         for msg in reader:
             require(msg.type == "record batch", SourceError,
                     f"{files.where(name)}: the message at byte {start} is "
-                    f"{'a dictionary batch (a dictionary-encoded column)' if msg.type == 'dictionary batch' else msg.type}"
+                    f"{'a dictionary batch (a dictionary-encoded column)' if 'dictionary' in msg.type else msg.type}"
                     ", not a record batch; cast the columns to plain types and write the file again")
             units.append(Unit(file, start, src.tell(), pa.ipc.read_record_batch(msg, schema).num_rows))
             start = src.tell()

@@ -183,7 +183,7 @@ def _iterable_files(ds: Any) -> list[str]:
         require(getattr(ds, "_distributed", None) is None, SourceError,
                 "the IterableDataset was split with split_dataset_by_node; pass the unsplit one: StreamingDataset "
                 "deals lanes to ranks itself (STREAM-10)")
-        return _whole_files([span for s in shards for span in _spans(s)], "the IterableDataset's shards")
+        return _whole_files([span for s in shards for span in _spans(s)], "the IterableDataset (its shards joined)")
     found = next((kwargs[k] for k in ("original_files", "base_files", "files") if k in kwargs), None)
     files: list[Any] = found if isinstance(found, list) else []
     fix = ("an IterableDataset is resumed exactly only when it is load_dataset(..., streaming=True) over local data "

@@ -354,9 +354,9 @@ def check_unchanged(files: FileAccess, entry: tuple[str, str, bool, int, str]) -
     st = files.stat(name)
     require(st is not None and (st.size, st.version) == (size, version), SourceError,
             f"{files.where(name)} changed since its unit index was built (size {size}, version {version} then; "
-            f"{'missing' if st is None else f'size {st.size}, version {st.version}'} now), so a state taken on it "
-            "cannot be resumed: restore the file as it was, or build a new StreamingDataset and start from a fresh "
-            "state")
+            f"{'missing' if st is None else f'size {st.size}, version {st.version}'} now), so neither this dataset "
+            "nor a state taken on it can read its units: restore the file as it was, or build a new "
+            "StreamingDataset and start from a fresh state")
 
 
 def decode_line(where: str, fmt: str, offset: int, line: bytes, text_field: str) -> str:

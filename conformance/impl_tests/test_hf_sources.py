@@ -94,6 +94,22 @@ def test_an_arrow_stream_streams_and_resumes_mid_epoch_as_the_reference_does(tmp
     assert got == whole
 
 
+@pytest.mark.clause("STREAM-18")
+def test_an_arrow_stream_with_a_dictionary_batch_or_cut_short_is_refused_naming_the_file(tmp_path):
+    arr = pa.array(["a", "b", "a"]).dictionary_encode()
+    schema = pa.schema([("text", arr.type)])
+    with pa.OSFile(str(tmp_path / "d.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
+        w.write_batch(pa.record_batch([arr], schema=schema))
+    with pytest.raises(SourceError, match=rf"{tmp_path}/d.arrow: the message at byte \d+ is a dictionary batch "
+                                          r"\(a dictionary-encoded column\), not a record batch; cast the columns"):
+        build_unit_index([str(tmp_path / "d.arrow")])
+    (name,), _ = write_streams(tmp_path / "s", [[["ab", "c"], ["d"]]])
+    with open(name, "r+b") as f:
+        f.truncate(os.path.getsize(name) - 40)
+    with pytest.raises(SourceError, match=rf"{name} cannot be read as an Arrow IPC stream .*truncated: write it again"):
+        build_unit_index([name])
+
+
 # ---------------------------------------------------------------- HF sources against jsonl (STREAM-19)
 
 def _jsonl(directory, shards):
@@ -231,7 +247,7 @@ def test_a_dataset_whose_rows_are_not_its_cache_files_is_refused_naming_save_to_
     with pytest.raises(SourceError, match=rf"holds only rows 0 .. 5 of {tmp_path}/saved/data-00000-of-00001.arrow "
                                           r"\(a slice, select or shard\).*save_to_disk"):
         _ds(loaded.select(range(5)))
-    with pytest.raises(SourceError, match=r"IterableDataset's shards holds only rows 2 .. 10"):
+    with pytest.raises(SourceError, match=r"IterableDataset \(its shards joined\) holds only rows 2 .. 10"):
         _ds(loaded.select(range(2, 10)).to_iterable_dataset(num_shards=2))
 
 

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 
+import datasets
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -27,7 +28,6 @@ from reference import units as ref_units
 from reference.arrow_stream import ArrowStreamFile
 from reference.streaming import StreamingReferenceLoader
 
-datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()
 datasets.logging.set_verbosity_error()
 _counter = itertools.count()

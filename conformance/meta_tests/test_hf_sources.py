@@ -76,7 +76,7 @@ def test_each_record_batch_of_an_arrow_stream_is_one_unit_at_its_messages_byte_r
 @pytest.mark.clause("STREAM-18")
 @given(groups=batches.filter(lambda g: any(g)), seed=st.integers(0, 2**16), lanes=st.sampled_from([1, 2]))
 def test_an_arrow_stream_streams_the_batches_of_the_same_groups_held_as_an_arrow_file(groups, seed, lanes):
-    config = StreamingConfig(packing=PackingConfig(seq_len=2, mode="concat", add_eos=True, eos_id=9),
+    config = StreamingConfig(packing=PackingConfig(seq_len=1, mode="concat", add_eos=True, eos_id=9),
                              num_lanes=lanes, seed=seed, shuffle=True, unit_window=2, shuffle_buffer_size=2)
     rows = tuple(tuple(g) for g in groups)
     stream = [ArrowStreamFile(path="s.arrow", data=stream_bytes(groups), groups=rows)]

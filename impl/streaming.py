@@ -1,7 +1,7 @@
 """StreamingDataset: raw jsonl / txt / parquet / Arrow files tokenized on the fly, in lanes, with exact, elastic resume.
 
-Conforms to STREAM-1 .. STREAM-15 and STREAM-17 (docs/SEMANTICS.md, "Streaming"; units
-through ``impl.units``, lanes through ``impl.stream_lanes``); its model is
+Conforms to STREAM-1 .. STREAM-15, STREAM-17 .. STREAM-19 (docs/SEMANTICS.md, "Streaming"; units
+through ``impl.units``, HF sources through ``impl.hf_sources``, lanes through ``impl.stream_lanes``); its model is
 ``reference.streaming.StreamingReferenceLoader``: for the same files,
 config, tokenizer and topology, the batches are the reference's, sample for
 sample, and ``state_dict()`` is the reference's JSON (STREAM-13).
@@ -60,6 +60,7 @@ from impl.collation import batch_cu_seqlens
 from impl.encoding import resolve_tokenizer
 from impl.errors import ConfigError, StateError, TokenizerError, is_int, require
 from impl.files import FileAccess, LocalFiles
+from impl.hf_sources import hf_paths
 from impl.partition import distributed_topology
 from impl.stream_lanes import (
     FRESH,
@@ -75,7 +76,7 @@ from impl.stream_lanes import (
     snapshot_from_json,
     valid_world_sizes,
 )
-from impl.units import UnitIndex, build_unit_index, read_unit, split_urls
+from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, split_urls
 from reference.packing import PackingConfig
 from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamingConfig
 
@@ -216,7 +217,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
     ``paths``: names or globs under ``files`` (default: the local
     filesystem), or fsspec URLs (``s3://bucket/data/*.jsonl``) under one root
     read through :class:`impl.remote.RemoteFiles` with ``local`` (a node-local
-    cache directory), ``cache_limit`` and ``storage_options``; ``tokenizer``: a tokenizer directory, ``tokenizer.json``, or
+    cache directory), ``cache_limit`` and ``storage_options``, or an HF source
+    (:mod:`impl.hf_sources`: a ``save_to_disk`` or ``load_dataset`` cache
+    directory, with ``split`` for a DatasetDict; a ``datasets.Dataset`` or
+    ``IterableDataset``); ``tokenizer``: a tokenizer directory, ``tokenizer.json``, or
     a (fast) tokenizer object; ``packing``: ``concat`` or ``chunk``;
     ``num_lanes`` fixes the lanes (world size × workers must divide it);
     ``shuffle`` permutes units and rows of ``unit_window`` units per epoch;
@@ -233,7 +237,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
     in its lane's epoch) ``[B]``, plus ``cu_seqlens`` / ``max_seqlen``.
     """
 
-    def __init__(self, paths: str | Sequence[str], *, tokenizer: Any, seq_len: int, packing: str = "concat",
+    def __init__(self, paths: Any, *, tokenizer: Any, seq_len: int, packing: str = "concat",
                  num_lanes: int = 1, seed: int = 0, shuffle: bool = False, unit_window: int = 1,
                  shuffle_buffer_size: int = 0, unit_bytes: int = 1 << 20, text_field: str = "text",
                  add_bos: bool = False, add_eos: bool = True, min_len: int = 0, pad_id: int | None = None,
@@ -241,8 +245,12 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                  cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None,
                  files: FileAccess | None = None, index_dir: str | os.PathLike[str] | None = None,
                  batch_size: int = 1, rank: int | None = None, world_size: int | None = None,
-                 num_workers: int = 0, epoch: int = 0) -> None:
+                 num_workers: int = 0, epoch: int = 0, split: str | None = None) -> None:
         super().__init__()
+        hf_files = hf_paths(paths, split) if files is None else None     # an HF source names its files (STREAM-19)
+        require(files is None or split is None, ConfigError,
+                "split= is for an HF source read from the local filesystem; with files= leave it out")
+        paths = paths if hf_files is None else hf_files
         require(packing in _MODES, ConfigError,
                 f"packing={packing!r} is not a streaming mode; choose one of {_MODES} (the bin modes need a view "
                 "beyond one lane: build a TokenStore and use PackedDataset)")
@@ -504,7 +512,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                 f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
         differs = []
         if state["index"] != self.index.fingerprint:
-            differs.append("the unit index (a file was changed, added, removed or reordered, or unit_bytes differs)")
+            differs.append(describe_change(self.index_dir, state["index"], self.index))
         if state["tokenizer"] != self.tokenizer_id:
             differs.append(f"the tokenizer ({state['tokenizer']!r} in the checkpoint, {self.tokenizer_id!r} here)")
         options = self.config.to_json()

@@ -1,6 +1,7 @@
 """The unit index of a streaming source, read through the file seam (STREAM-1 .. STREAM-5).
 
-Conforms to STREAM-1 .. STREAM-5; its model is ``reference.units``:
+Conforms to STREAM-1 .. STREAM-5 and STREAM-18 (Arrow IPC streams, through
+``impl.arrow_stream``); its model is ``reference.units``:
 ``build_unit_index(...)`` equals ``reference.units.build_index`` over the
 same files (same units, same fingerprint), and ``read_unit`` equals
 ``reference.units.read_unit``.
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from impl._atomic import atomic_write_bytes
+from impl.arrow_stream import is_arrow_stream, read_stream_batch, stream_units
 from impl.errors import ConfigError, SourceError, is_int, require
 from impl.files import FileAccess, LocalFiles
 
@@ -268,6 +270,8 @@ def build_unit_index(paths: str | Sequence[str], *, files: FileAccess | None = N
         fmt, comp = file_format(name)
         require(st.size > 0, SourceError, f"{access.where(name)} is empty (0 bytes): it holds no row; remove it or "
                 "leave it out of paths")
+        if fmt == "arrow" and is_arrow_stream(access, name):
+            fmt = "arrow_stream"        # HF datasets' .arrow: an IPC stream, batches found by scanning (STREAM-18)
         entries.append((name, fmt, bool(comp), st.size, st.version))
         comps.append(comp)
     cache = None
@@ -286,6 +290,8 @@ def build_unit_index(paths: str | Sequence[str], *, files: FileAccess | None = N
                 units.append(Unit(i, 0, len(data), _line_units(data, len(data), i)[0].rows))
             else:
                 units.extend(_line_units(data, unit_bytes, i))
+        elif fmt == "arrow_stream":
+            units.extend(stream_units(access, name, text_field, i))
         else:
             units.extend(Unit(i, g, g + 1, n) for g, n in enumerate(_pyarrow_groups(access, name, fmt, text_field)))
     index = UnitIndex(unit_bytes=unit_bytes, files=tuple(entries), units=tuple(units), compression=tuple(comps))
@@ -309,6 +315,48 @@ def _load_cached(path: str, entries: list[tuple[str, str, bool, int, str]], unit
     if index.files != tuple(entries) or body.get("fingerprint") != index.fingerprint:
         return None
     return index
+
+
+def describe_change(index_dir: str | None, fingerprint: str, index: UnitIndex) -> str:
+    """What differs between the index a state was taken on and ``index``, naming files when ``index_dir`` holds the old one.
+
+    The state holds only the old index's fingerprint (STREAM-13); its files
+    are known only if that index was cached under ``index_dir``.
+    """
+    what = "the unit index (a file was changed, added, removed or reordered, or unit_bytes differs"
+    body: Any = None
+    try:
+        for name in sorted(os.listdir(index_dir)) if index_dir is not None else []:
+            if name.endswith(".json"):
+                with open(os.path.join(index_dir, name), "rb") as f:    # type: ignore[arg-type]
+                    candidate = json.loads(f.read())
+                if isinstance(candidate, dict) and candidate.get("fingerprint") == fingerprint:
+                    body = candidate
+                    break
+    except (OSError, ValueError):
+        body = None
+    if body is None:
+        return what + ("; with the same index_dir at checkpoint and resume the changed file is named)"
+                       if index_dir is None else ")")
+    before = {str(f[0]): f for f in body.get("files", [])}
+    now = {f[0]: list(f) for f in index.files}
+    parts = [f"{n} changed (size {before[n][3]}, version {before[n][4]} at the checkpoint; size {f[3]}, version "
+             f"{f[4]} now)" for n, f in now.items() if n in before and list(before[n]) != f]
+    parts += [f"{n} was added" for n in now if n not in before] + [f"{n} was removed" for n in before if n not in now]
+    if not parts and list(before) != list(now):
+        parts.append("the files were reordered")
+    return what.split(" (")[0] + " (" + ("; ".join(parts) or f"unit_bytes {body.get('unit_bytes')} then") + ")"
+
+
+def check_unchanged(files: FileAccess, entry: tuple[str, str, bool, int, str]) -> None:
+    """Refuse a file whose size or version moved since the index was built: its units' byte ranges no longer hold."""
+    name, _, _, size, version = entry
+    st = files.stat(name)
+    require(st is not None and (st.size, st.version) == (size, version), SourceError,
+            f"{files.where(name)} changed since its unit index was built (size {size}, version {version} then; "
+            f"{'missing' if st is None else f'size {st.size}, version {st.version}'} now), so neither this dataset "
+            "nor a state taken on it can read its units: restore the file as it was, or build a new "
+            "StreamingDataset and start from a fresh state")
 
 
 def decode_line(where: str, fmt: str, offset: int, line: bytes, text_field: str) -> str:
@@ -347,6 +395,9 @@ def read_unit(files: FileAccess, index: UnitIndex, unit: int, text_field: str = 
     where = files.where(name)
     if fmt in ("parquet", "arrow"):
         return list[str | None](_read_group(files, name, fmt, u.start, text_field))
+    if fmt == "arrow_stream":
+        check_unchanged(files, index.files[u.file])
+        return list[str | None](read_stream_batch(files, name, u.start, u.stop, text_field))
     comp = index.compression[u.file] if index.compression else ("gz" if index.files[u.file][2] else "")
     data = text_bytes(files, name, comp)
     chunk = bytes(data[u.start:u.stop])

@@ -5,7 +5,8 @@ to tokenize before training, so a streaming loader reads it in pieces. A
 *unit* is the smallest piece it can open without reading what comes before
 it: a newline-aligned byte range of a jsonl / txt file (STREAM-1), a whole
 compressed file (STREAM-3), a parquet row group or an Arrow record batch
-(STREAM-4). Every row of the source belongs to exactly one unit, so a row is
+(STREAM-4), an Arrow IPC stream's record batch (STREAM-18, in
+``reference.arrow_stream``). Every row of the source belongs to exactly one unit, so a row is
 named by ``(unit, row)`` and a resume re-reads a row by opening one unit.
 
 The model: a source is a list of files. A text file holds its (decompressed)
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from reference.arrow_stream import ArrowStreamFile, stream_rows, stream_units
 from reference.errors import ConfigError, SourceError, is_int, require
 
 TEXT_FORMATS = ("txt", "jsonl")
@@ -98,7 +100,7 @@ class RowFile:
                 f"{self.path}: size={self.size!r} must be a non-negative integer (bytes on storage)")
 
 
-SourceFile = TextFile | RowFile
+SourceFile = TextFile | RowFile | ArrowStreamFile
 
 
 def line_ranges(data: bytes, target: int) -> list[tuple[int, int]]:
@@ -232,8 +234,12 @@ def build_index(files: Sequence[SourceFile], unit_bytes: int = 1 << 20) -> UnitI
             entries.append((f.path, f.format, f.compressed, len(f.data) if f.size is None else f.size, f.etag))
             spans = [(0, len(f.data))] if f.compressed and f.data else line_ranges(f.data, unit_bytes)
             units.extend(Unit(i, a, b, len(range_lines(f.data, a, b))) for a, b in spans)
+        elif isinstance(f, ArrowStreamFile):    # record batch g is its message's byte range (STREAM-18)
+            entries.append((f.path, "arrow_stream", False, len(f.data), f.etag))
+            units.extend(Unit(i, a, b, n) for a, b, n in stream_units(f))
         else:
-            require(isinstance(f, RowFile), ConfigError, f"files[{i}]={f!r} must be a TextFile or a RowFile")
+            require(isinstance(f, RowFile), ConfigError,
+                    f"files[{i}]={f!r} must be a TextFile, a RowFile or an ArrowStreamFile")
             entries.append((f.path, f.format, False, f.size, f.etag))
             units.extend(Unit(i, g, g + 1, len(rows)) for g, rows in enumerate(f.groups))
     return UnitIndex(unit_bytes=unit_bytes, files=tuple(entries), units=tuple(units))
@@ -267,6 +273,8 @@ def read_unit(files: Sequence[SourceFile], index: UnitIndex, unit: int, text_fie
     f = files[u.file]
     if isinstance(f, RowFile):
         return list[str | None](f.groups[u.start])
+    if isinstance(f, ArrowStreamFile):
+        return list[str | None](stream_rows(f, u.start))
     require(on_error in ON_ERROR, ConfigError, f"on_error={on_error!r} must be one of {ON_ERROR}")
     out: list[str | None] = []
     offset = u.start

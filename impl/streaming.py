@@ -530,6 +530,18 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                                               self.config.unit_window, lane_rows(windows))
         self.epoch, self.lanes = int(epoch), loaded
 
+    def map(self, function: Any, *, batched: bool = True, batch_size: int = 1000,
+            name: str | None = None) -> StreamingDataset:
+        """A new dataset whose lanes pass their rows through ``function`` in input batches (STREAM-18, STREAM-19).
+
+        ``function({text_field: [text, ...]})`` returns a dict of equal-length
+        column lists, ``input_ids`` or else ``text_field``, any number of
+        outputs; the state resumes inside a batch. See :mod:`impl.stream_maps`.
+        """
+        from impl.stream_maps import mapped
+
+        return mapped(self, function, batched=batched, batch_size=batch_size, name=name)
+
     def __repr__(self) -> str:
         return (f"StreamingDataset({len(self.index.files)} files, {len(self.index.units)} units, "
                 f"seq_len={self.config.packing.seq_len}, num_lanes={self.config.num_lanes}, epoch={self.epoch})")

@@ -42,3 +42,20 @@ def shout(example: dict[str, str]) -> dict[str, str]:
 def shout_batch(batch: dict[str, list[str]]) -> dict[str, list[str]]:
     """``shout`` as a batched map."""
     return {"text": [t.upper() for t in batch["text"]]}
+
+
+def block_tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+    """Forgather's block tokenizer: the batch's texts tokenized, each ended by EOS, joined, cut into blocks of 5."""
+    from conformance.impl_tests.streaming_corpus import tokenizer
+
+    encode = tokenizer()[1]
+    ids = [t for text in batch["text"] for t in [*encode(text), EOS]]
+    return {"input_ids": [ids[i:i + 5] for i in range(0, len(ids) - 4, 5)]}
+
+
+EOS = 50256
+
+
+def count_words(batch: dict[str, list[str]]) -> dict[str, list[int]]:
+    """A 1:1 map adding a column and leaving the text as it is."""
+    return {"words": [len(t.split()) for t in batch["text"]]}

@@ -180,3 +180,29 @@ def test_a_state_of_another_map_or_of_no_map_is_refused_naming_both(tmp_path):
         StreamingDataset(names, tokenizer=tokenizer()[0], seq_len=2, num_lanes=2).load_state_dict(state)
     with pytest.raises(StateError, match=r"no map in the checkpoint"):
         base.map(Repeat(1), batch_size=2, name="rep-v1").load_state_dict(base.state_dict())
+
+
+@pytest.mark.clause("STREAM-18", "STREAM-17")
+def test_skipped_lines_are_left_out_of_the_map_s_batches_as_the_reference_leaves_them(tmp_path):
+    import warnings
+
+    from reference.units import TextFile
+
+    d = _dir(tmp_path)
+    d.mkdir(parents=True)
+    data = b'{"text": "ab cd"}\n{oops\n{"x": 1}\n{"text": "ef"}\n{"text": "gh ij kl"}\n\xff\n{"text": "m"}\n'
+    path = d / "s.jsonl"
+    path.write_bytes(data)
+    ref_file = TextFile(path=str(path), data=data, format="jsonl", etag=str(path.stat().st_mtime_ns),
+                        size=len(data))
+    tok_path, tok, tok_id = tokenizer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for fn in (Repeat(2), Regroup(3, True)):
+            ds = StreamingDataset([str(path)], tokenizer=tok_path, seq_len=2, num_lanes=1, shuffle=True,
+                                  shuffle_buffer_size=2, on_error="skip").map(fn, batch_size=2, name="m")
+            ref = MappedReferenceLoader([ref_file], ds.config, tok, map=BatchedMap(function=fn, batch_size=2,
+                                                                                   name="m"), tokenizer_id=tok_id)
+            got = impl_rows(ds)
+            assert got and got == ref_rows(ref)
+            assert ds.skipped == {str(path): 3}

@@ -223,3 +223,25 @@ def test_a_state_of_another_map_or_of_no_map_is_refused_naming_both():
                         mentions=["options", "map"])
     assert_raises_typed(StateError, make(fs, config, v1).load_state_dict, plain.state_dict(), clause="STREAM-19",
                         what="a plain state, a map", mentions=["no map in the checkpoint", "rep-v1"])
+
+
+@pytest.mark.clause("STREAM-19", "STREAM-15")
+@given(fs=files(), config=configs(eos=True, lanes=1), map_batch=st.integers(1, 4), batch=st.integers(1, 3),
+       data=st.data())
+def test_a_mapped_resume_reads_only_the_batches_of_its_next_step_not_the_rows_before_it(fs, config, map_batch, batch,
+                                                                                       data):
+    fmap = BatchedMap(function=Repeat(1), batch_size=map_batch, name="rep")
+    full = list(make(fs, config, fmap, batch=batch))
+    assume(full)
+    k = data.draw(st.integers(0, len(full) - 1))
+    first = make(fs, config, fmap, batch=batch)
+    run(first, k)
+    resumed = make(fs, config, fmap, batch=batch)
+    resumed.load_state_dict(first.state_dict())
+    (nxt,) = run(resumed, 1)
+    docs = {d for row in nxt for d in row.sample.doc_ids if d >= 0}
+    # every output holds its EOS, so each input batch the step touches gives one of its documents or the label of
+    # one of its samples' last token
+    check(resumed.map_reader.reads <= map_batch * (len(docs) + len(nxt)), clause="STREAM-19",
+          what=f"resume read {resumed.map_reader.reads} rows for a step of {len(docs)} documents in batches of "
+               f"{map_batch}")

@@ -281,6 +281,7 @@ class MappedStreamingDataset(StreamingDataset):
         alive = set(lanes)
         while True:
             rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
+            snaps: dict[int, MapSnapshot] = {}      # each lane's state after its last sample of the batch, not after it ran dry
             while len(rows) < B and alive:
                 lane = min(alive, key=lambda lane: (cursors[lane].samples, lane))
                 index = cursors[lane].samples
@@ -289,9 +290,10 @@ class MappedStreamingDataset(StreamingDataset):
                     alive.discard(lane)
                 else:
                     rows.append((lane, index, sample))
+                    snaps[lane] = cursors[lane].snapshot()
             if len(rows) < B:
                 return
-            yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted({r[0] for r in rows}))
+            yield rows, tuple(sorted(snaps.items()))
 
     def _scheduled(self, tokens: _Tokens, num_workers: int, worker: int) -> Iterator[Any]:
         """Several ranks: the census maps every lane's rest to count its samples, then the worker's batches."""

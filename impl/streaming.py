@@ -418,6 +418,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         alive = set(lanes)
         while True:
             rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
+            snaps: dict[int, LaneSnapshot] = {}      # each lane's state after its last sample of the batch, not after it ran dry
             while len(rows) < B and alive:
                 lane = min(alive, key=lambda lane: (cursors[lane].samples, lane))
                 index = cursors[lane].samples
@@ -426,9 +427,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                     alive.discard(lane)
                 else:
                     rows.append((lane, index, sample))
+                    snaps[lane] = cursors[lane].snapshot()
             if len(rows) < B:
                 return
-            yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted({r[0] for r in rows}))
+            yield rows, tuple(sorted(snaps.items()))
 
     def _scheduled(self, tokens: _Tokens, num_workers: int,
                    worker: int) -> Iterator[_Batch]:

@@ -32,33 +32,47 @@ carry no document ends)::
 
 from __future__ import annotations
 
+import json
 import pickle
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from impl.errors import ConfigError, MapError, StateError, is_int, require
-from impl.stream_lanes import (
-    LaneCursor,
-    buffer_key,
-    is_kept_len,
-    lane_json,
-    lane_rows,
-    participant_lanes,
-    schedule,
-)
-from impl.streaming import StreamingDataset, _Tokens, merge_states
+from impl.stream_lanes import LaneCursor, LaneSnapshot, is_kept_len, lane_json
 from reference.packing import IGNORE, PackingConfig
 from reference.stream_maps import MAP_LANE_KEYS, TOKENS, BatchedMap
-from reference.streaming import STATE_FORMAT, STATE_VERSION
 
-__all__ = ["MAP_FRESH", "BatchedMap", "MapCursor", "MappedStreamingDataset", "RowMap", "mapped"]
+__all__ = [
+    "MAP_FRESH",
+    "BatchedMap",
+    "MapCursor",
+    "RowMap",
+    "check_picklable",
+    "count_samples",
+    "make_map",
+    "map_ids",
+    "map_lane_json",
+    "map_snapshots",
+    "unmap_state",
+    "with_map",
+]
 
 MapSnapshot = tuple[int, tuple[int, ...], int, int, int, int, int, int]
 """``(read, slots, counter, flushed)`` at the current input batch's start, then ``output, offset, samples, made``."""
 MAP_FRESH: MapSnapshot = (0, (), 0, 0, 0, 0, 0, 0)
 _Pos = tuple[int, tuple[int, ...], int, int]
+
+
+class TokenSource(Protocol):
+    """What a cursor reads through: ``impl.streaming``'s per-pass row reader and encoder."""
+
+    def encode(self, texts: Sequence[str | None]) -> list[list[int] | None]: ...
+
+    def prepare(self, ids: list[int] | None) -> np.ndarray: ...
+
+    def unit_texts(self, u: int, *, census: bool = False) -> list[str | None]: ...
 
 
 class RowMap:
@@ -85,7 +99,7 @@ class RowMap:
 
 
 def map_ids(fmap: BatchedMap, texts: Sequence[str | None], text_field: str,
-            encode: Callable[[list[str]], list[list[int] | None]]) -> list[list[int]]:
+            encode: Callable[[Sequence[str | None]], list[list[int] | None]]) -> list[list[int]]:
     """The token ids of one input batch's outputs, checked (STREAM-18); no call when no text is left."""
     kept = [t for t in texts if t is not None]
     if not kept:
@@ -125,17 +139,17 @@ def map_ids(fmap: BatchedMap, texts: Sequence[str | None], text_field: str,
 class MapCursor:
     """A mapped lane's position: the buffer over its rows, the current input batch's outputs and the next token."""
 
-    __slots__ = ("buffer", "census", "ds", "lane", "made", "offset", "output", "outs", "samples", "start", "texts")
+    __slots__ = ("buffer", "census", "fmap", "lane", "made", "num_lanes", "offset", "output", "outs", "samples",
+                 "start", "starts", "text_field", "texts")
 
-    def __init__(self, ds: MappedStreamingDataset, lane: int, snap: MapSnapshot, *, census: bool = False) -> None:
-        epoch, config = ds.epoch, ds.config
+    def __init__(self, rows: np.ndarray, key: int, size: int, snap: MapSnapshot, *, lane: int, num_lanes: int,
+                 fmap: BatchedMap, text_field: str, starts: np.ndarray, census: bool = False) -> None:
         read, slots, counter, flushed, self.output, self.offset, self.samples, self.made = snap
-        rows = lane_rows(ds.windows(epoch, lane))
-        self.buffer = LaneCursor(rows, buffer_key(config, epoch, lane), config.shuffle_buffer_size,
-                                 (read, tuple(slots), counter, flushed, -1, 0, 0))
+        self.buffer = LaneCursor(rows, key, size, (read, tuple(slots), counter, flushed, -1, 0, 0))
         self.start: _Pos = (read, tuple(slots), counter, flushed)
         self.outs: list[np.ndarray] | None = None
-        self.ds, self.lane, self.census = ds, lane, census
+        self.lane, self.num_lanes, self.fmap, self.text_field = lane, num_lanes, fmap, text_field
+        self.starts, self.census = starts, census
         self.texts: dict[int, dict[int, str | None]] = {}
 
     def snapshot(self) -> MapSnapshot:
@@ -150,9 +164,9 @@ class MapCursor:
         b.read, slots, b.counter, b.flushed = pos
         b.slots = list(slots)
 
-    def _text(self, g: int, tokens: _Tokens) -> str | None:
+    def _text(self, g: int, tokens: TokenSource) -> str | None:
         """Row ``g``'s text; a unit is read once and its rows handed out once (a lane emits each row once)."""
-        starts = self.ds._starts
+        starts = self.starts
         u = int(np.searchsorted(starts, g, side="right")) - 1
         unit = self.texts.get(u)
         if unit is None or g not in unit:
@@ -163,25 +177,24 @@ class MapCursor:
             del self.texts[u]
         return text
 
-    def _load(self, tokens: _Tokens) -> bool:
+    def _load(self, tokens: TokenSource) -> bool:
         """Map the input batch starting at the buffer's position; False at the lane's end (STREAM-18)."""
         self.start = self._pos()
         emitted: list[int] = []
-        while len(emitted) < self.ds.batched_map.batch_size:
+        while len(emitted) < self.fmap.batch_size:
             g = self.buffer.emit()
             if g is None:
                 break
             emitted.append(g)
         if not emitted:
             return False
-        ids = map_ids(self.ds.batched_map, [self._text(g, tokens) for g in emitted], self.ds.config.text_field,
-                      tokens.encode)
+        ids = map_ids(self.fmap, [self._text(g, tokens) for g in emitted], self.text_field, tokens.encode)
         self.outs = [tokens.prepare(x) for x in ids]
         return True
 
-    def next_sample(self, tokens: _Tokens, config: PackingConfig) -> dict[str, np.ndarray] | None:
+    def next_sample(self, tokens: TokenSource, config: PackingConfig) -> dict[str, np.ndarray] | None:
         """The lane's next sample (PACK's fields), advancing past it; None when none is left (STREAM-18)."""
-        L, N = config.seq_len, self.ds.config.num_lanes
+        L, N = config.seq_len, self.num_lanes
         hop = L if config.mode == "concat" else L + 1
         ids = np.empty(L + 1, np.int64)
         docs = np.empty(L + 1, np.int64)
@@ -221,161 +234,69 @@ class MapCursor:
                 "doc_ids": docs[:L].copy(), "token_offsets": offs[:L].copy()}
 
 
-class MappedStreamingDataset(StreamingDataset):
-    """A :class:`StreamingDataset` whose lanes pass their rows through a batched map (STREAM-18, STREAM-19).
+def map_lane_json(snap: MapSnapshot, windows: Sequence[np.ndarray], starts: np.ndarray,
+                  unit_window: int) -> dict[str, Any]:
+    """A mapped lane as STREAM-19's JSON: the batch start's buffer position, ``output``, ``offset``, ``made``."""
+    read, slots, counter, flushed, output, offset, samples, made = snap
+    value = lane_json((read, slots, counter, flushed, -1, offset, samples), windows, starts, unit_window)
+    del value["current"]
+    return dict(value, output=output, made=made)
 
-    Made by :meth:`StreamingDataset.map` (or :func:`mapped`); iterates, saves
-    and resumes as the dataset does, its state holding ``options["map"]`` and
-    mapped lanes, and refuses a state of another map naming both.
+
+def unmap_state(state: Any, fmap: BatchedMap) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """A mapped state as STREAM-13's (for its checks) and each lane's ``(output, made)``; another map is refused.
+
+    A state of another map (name or batch size), or of none, raises
+    ``StateError`` naming both (STREAM-19).
     """
+    options = state.get("options") if isinstance(state, Mapping) else None
+    saved = options.get("map") if isinstance(options, Mapping) else None
+    here = fmap.to_json()
+    if saved != here:
+        def describe(v: Any) -> str:
+            return "no map" if v is None else json.dumps(v, sort_keys=True)
 
-    batched_map: BatchedMap
-    lanes: dict[int, Any]    # a MapSnapshot per lane; samples at [6], as StreamingLoader reads them
-
-    def __init__(self, base: StreamingDataset, fmap: BatchedMap) -> None:
-        if isinstance(base, MappedStreamingDataset):
-            raise ConfigError(f"this stream is already mapped by {base.batched_map.identity!r}: a stream takes one "
-                              "map; compose the functions into one and map the unmapped dataset")
-        require(isinstance(fmap, BatchedMap), ConfigError, f"map={fmap!r} must be a BatchedMap")
-        self.__dict__.update(base.__dict__)
-        self.batched_map = fmap
-        self.lanes = {lane: MAP_FRESH for lane in self.lanes}
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Refuse, naming the fix, a map function that cannot travel to a DataLoader worker."""
-        try:
-            pickle.dumps(self.batched_map.function)
-        except Exception as exc:  # pickle raises several types (PicklingError, AttributeError, TypeError)
-            raise MapError(f"the map {self.batched_map.identity!r} cannot be pickled ({type(exc).__name__}: {exc}), "
-                           "and DataLoader workers receive the dataset pickled: define the function at module level "
-                           "(not a lambda or a nested function) or as an instance of a module-level class, or use "
-                           "num_workers=0") from exc
-        return dict(self.__dict__)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    @property
-    def fingerprint(self) -> str:
-        import hashlib
-        import json
-
-        text = json.dumps([self.index.fingerprint, self.tokenizer_id, self._options()], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    def _options(self) -> dict[str, Any]:
-        return dict(self.config.to_json(), map=self.batched_map.to_json())
-
-    def set_epoch(self, epoch: int) -> None:
-        require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
-        if epoch != self.epoch:
-            self.epoch, self.lanes = int(epoch), {lane: MAP_FRESH for lane in self.lanes}
-
-    def _cursors(self, lanes: Sequence[int], *, census: bool = False) -> dict[int, MapCursor]:
-        return {lane: MapCursor(self, lane, self.lanes[lane], census=census) for lane in lanes}
-
-    def _lazy(self, tokens: _Tokens, lanes: list[int]) -> Iterator[Any]:
-        """One rank: a worker's batches until its lanes hold fewer than B samples (STREAM-11, STREAM-12)."""
-        B, p = self.batch_size, self.config.packing
-        cursors = self._cursors(lanes)
-        alive = set(lanes)
-        while True:
-            rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
-            snaps: dict[int, MapSnapshot] = {}      # each lane's state after its last sample of the batch, not after it ran dry
-            while len(rows) < B and alive:
-                lane = min(alive, key=lambda lane: (cursors[lane].samples, lane))
-                index = cursors[lane].samples
-                sample = cursors[lane].next_sample(tokens, p)
-                if sample is None:
-                    alive.discard(lane)
-                else:
-                    rows.append((lane, index, sample))
-                    snaps[lane] = cursors[lane].snapshot()
-            if len(rows) < B:
-                return
-            yield rows, tuple(sorted(snaps.items()))
-
-    def _scheduled(self, tokens: _Tokens, num_workers: int, worker: int) -> Iterator[Any]:
-        """Several ranks: the census maps every lane's rest to count its samples, then the worker's batches."""
-        p, B, N, W = self.config.packing, self.batch_size, self.config.num_lanes, self.world_size
-        remaining = {}
-        for lane, census in self._cursors(sorted(self.lanes), census=True).items():
-            n = 0
-            while census.next_sample(tokens, p) is not None:
-                n += 1
-            remaining[lane] = n
-        steps = min(sum(sum(remaining[lane] for lane in lanes) // B
-                        for lanes in (participant_lanes(N, W, num_workers, r, k) for k in range(max(1, num_workers))))
-                    for r in range(W))
-        samples = {lane: snap[6] for lane, snap in self.lanes.items()}
-        cursors = self._cursors(sorted(self.lanes))
-        for k, lanes in schedule(self.worker_lanes(num_workers), samples, remaining, steps, B):
-            if k == worker:
-                rows = []
-                for lane in lanes:
-                    index = cursors[lane].samples
-                    sample = cursors[lane].next_sample(tokens, p)
-                    assert sample is not None, "the census counted a sample the lane does not hold"
-                    rows.append((lane, index, sample))
-                yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted(set(lanes)))
-
-    def state_dict(self) -> dict[str, Any]:
-        """STREAM-13's state with the map in ``options`` and mapped lanes (STREAM-19), gathered as the dataset's."""
-        lanes = {}
-        for lane in self._my_lanes():
-            read, slots, counter, flushed, output, offset, samples, made = self.lanes[lane]
-            value = lane_json((read, slots, counter, flushed, -1, offset, samples), self.windows(self.epoch, lane),
-                              self._starts, self.config.unit_window)
-            del value["current"]
-            lanes[str(lane)] = dict(value, output=output, made=made)
-        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "index": self.index.fingerprint,
-                 "tokenizer": self.tokenizer_id, "options": self._options(), "epoch": self.epoch, "lanes": lanes}
-        import torch.distributed as dist
-
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, state)
-            return merge_states(gathered)
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume inside a batch; refuse a state of another map (or of none) naming both (STREAM-19)."""
-        options = state.get("options") if isinstance(state, Mapping) else None
-        saved = options.get("map") if isinstance(options, Mapping) else None
-        here = self.batched_map.to_json()
-        if saved != here:
-            import json
-
-            def describe(v: Any) -> str:
-                return "no map" if v is None else json.dumps(v, sort_keys=True)
-
-            raise StateError(f"the checkpoint differs from this loader in the map ({describe(saved)} in the "
-                             f"checkpoint, {describe(here)} here): resume with the map it was taken with (the same "
-                             "name and batch_size), or start from a fresh state")
-        assert isinstance(state, Mapping) and isinstance(options, Mapping)
-        lanes = state.get("lanes")
-        for key, value in (lanes.items() if isinstance(lanes, Mapping) else ()):
-            require(isinstance(value, Mapping) and set(value) == MAP_LANE_KEYS, StateError,
-                    f"lane {key} state of a mapped stream must hold exactly {sorted(MAP_LANE_KEYS)}; pass the dict "
-                    "state_dict() returned, unchanged")
-            for name in ("output", "made"):
-                require(is_int(value[name]) and value[name] >= 0, StateError,
-                        f"lane {key} {name}={value[name]!r} must be a non-negative integer: the state is corrupt")
-        plain = dict(state, options={k: v for k, v in options.items() if k != "map"},
-                     lanes={k: dict({n: x for n, x in v.items() if n not in ("output", "made")}, current=None)
-                            for k, v in lanes.items()} if isinstance(lanes, Mapping) else lanes)
-        super().load_state_dict(plain)
-        assert isinstance(lanes, Mapping)
-        self.lanes = {lane: (*snap[:4], lanes[str(lane)]["output"], snap[5], snap[6],
-                             lanes[str(lane)]["made"]) for lane, snap in self.lanes.items()}
-
-    def __repr__(self) -> str:
-        return f"{super().__repr__()}.map({self.batched_map.identity!r}, batch_size={self.batched_map.batch_size})"
+        raise StateError(f"the checkpoint differs from this loader in the map ({describe(saved)} in the checkpoint, "
+                         f"{describe(here)} here): resume with the map it was taken with (the same name and "
+                         "batch_size), or start from a fresh state")
+    assert isinstance(state, Mapping) and isinstance(options, Mapping)
+    lanes = state.get("lanes")
+    extra: dict[str, tuple[int, int]] = {}
+    for key, value in (lanes.items() if isinstance(lanes, Mapping) else ()):
+        require(isinstance(value, Mapping) and set(value) == MAP_LANE_KEYS, StateError,
+                f"lane {key} state of a mapped stream must hold exactly {sorted(MAP_LANE_KEYS)}; pass the dict "
+                "state_dict() returned, unchanged")
+        for name in ("output", "made"):
+            require(is_int(value[name]) and value[name] >= 0, StateError,
+                    f"lane {key} {name}={value[name]!r} must be a non-negative integer: the state is corrupt")
+        extra[str(key)] = (value["output"], value["made"])
+    plain = dict(state, options={k: v for k, v in options.items() if k != "map"},
+                 lanes={k: dict({n: x for n, x in v.items() if n not in ("output", "made")}, current=None)
+                        for k, v in lanes.items()} if isinstance(lanes, Mapping) else lanes)
+    return plain, extra
 
 
-def mapped(ds: StreamingDataset, function: Any, *, batched: bool = True, batch_size: int = 1000,
-           name: str | None = None) -> MappedStreamingDataset:
-    """``ds`` with its lanes' rows passed through ``function`` in input batches of ``batch_size`` (STREAM-18).
+def map_snapshots(plain: Mapping[int, LaneSnapshot], extra: Mapping[str, tuple[int, int]]) -> dict[int, MapSnapshot]:
+    """STREAM-13 snapshots (no current row) and each lane's ``(output, made)`` as mapped snapshots."""
+    out: dict[int, MapSnapshot] = {}
+    for lane, (read, slots, counter, flushed, _current, offset, samples) in plain.items():
+        output, made = extra[str(lane)]
+        out[lane] = (read, slots, counter, flushed, output, offset, samples, made)
+    return out
+
+
+def check_picklable(fmap: BatchedMap) -> None:
+    """Refuse, naming the fix, a map function that cannot travel to a DataLoader worker."""
+    try:
+        pickle.dumps(fmap.function)
+    except Exception as exc:  # pickle raises several types (PicklingError, AttributeError, TypeError)
+        raise MapError(f"the map {fmap.identity!r} cannot be pickled ({type(exc).__name__}: {exc}), and DataLoader "
+                       "workers receive the dataset pickled: define the function at module level (not a lambda or a "
+                       "nested function) or as an instance of a module-level class, or use num_workers=0") from exc
+
+
+def make_map(function: Any, *, batched: bool, batch_size: int, name: str | None, text_field: str) -> BatchedMap:
+    """The map ``StreamingDataset.map`` applies (STREAM-18).
 
     ``batched=True``: ``function({text_field: [text, ...]})`` returns a dict
     of equal-length column lists, ``input_ids`` (token ids) or else
@@ -388,10 +309,29 @@ def mapped(ds: StreamingDataset, function: Any, *, batched: bool = True, batch_s
     require(isinstance(batched, bool), ConfigError, f"batched={batched!r} must be True or False")
     require(callable(function), ConfigError, f"function={function!r} must be callable")
     if not batched:
-        require(batch_size == 1000 or batch_size == 1, ConfigError,
+        require(batch_size in (1, 1000), ConfigError,
                 f"batch_size={batch_size} with batched=False: a row map sees one row at a time; leave batch_size "
                 "out, or pass batched=True to map batches")
-        fn: Any = RowMap(function, ds.config.text_field)
-        return MappedStreamingDataset(ds, BatchedMap(function=fn, batch_size=1,
-                                                     name=name or f"{fn.__module__}.{fn.__qualname__}"))
-    return MappedStreamingDataset(ds, BatchedMap(function=function, batch_size=batch_size, name=name))
+        fn = RowMap(function, text_field)
+        return BatchedMap(function=fn, batch_size=1, name=name or f"{fn.__module__}.{fn.__qualname__}")
+    return BatchedMap(function=function, batch_size=batch_size, name=name)
+
+
+def with_map(ds: Any, function: Any, *, batched: bool, batch_size: int, name: str | None) -> Any:
+    """A copy of the StreamingDataset ``ds`` with fresh mapped lanes (``StreamingDataset.map``, STREAM-18)."""
+    require(ds.batched_map is None, ConfigError,
+            f"this stream is already mapped by {ds.batched_map.identity if ds.batched_map else None!r}: a stream "
+            "takes one map; compose the functions into one and map the unmapped dataset")
+    fmap = make_map(function, batched=batched, batch_size=batch_size, name=name, text_field=ds.config.text_field)
+    new = object.__new__(type(ds))
+    new.__dict__.update(ds.__dict__)
+    new.batched_map, new.lanes = fmap, {lane: MAP_FRESH for lane in ds.lanes}
+    return new
+
+
+def count_samples(cursor: MapCursor, tokens: TokenSource, config: PackingConfig) -> int:
+    """The samples a mapped lane still yields (STREAM-12's census): its outputs are known only by mapping them."""
+    n = 0
+    while cursor.next_sample(tokens, config) is not None:
+        n += 1
+    return n

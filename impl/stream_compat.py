@@ -13,7 +13,9 @@ where loadspec's meaning differs the call is refused with the loadspec way
 - :func:`fast_load_iterable_dataset`: Forgather's, returning a
   :class:`FastIterableDataset` with ``shuffle(seed, buffer_size)``,
   ``set_epoch``, ``shard(num_shards, index, mode=...)`` (a shard is a rank
-  owning whole lanes, STREAM-10) and ``state_dict`` / ``load_state_dict``.
+  owning whole lanes, STREAM-10), ``map(function, batched=..., batch_size=...,
+  remove_columns=...)`` (STREAM-20, Hugging Face's column meaning) and
+  ``state_dict`` / ``load_state_dict``, which resume inside a mapped batch (STREAM-21).
 
 Worked example::
 
@@ -21,6 +23,15 @@ Worked example::
                                      tokenizer_path="fixtures/tokenizer/gpt2", seq_len=2048)
     it = fast_load_iterable_dataset("data/", split="train", tokenizer="fixtures/tokenizer/gpt2", seq_len=2048,
                                     num_lanes=8).shuffle(seed=1, buffer_size=1000).shard(2, 0)
+
+    # Forgather's block tokenizer: a batch of 1000 texts to blocks of 2048 token ids (N to M)
+    def block_tokenize(batch):                  # module level, so workers under spawn can unpickle it
+        ids = [t for enc in tok.encode_batch(batch["text"]) for t in enc.ids + [EOS]]
+        return {"input_ids": [ids[i:i + 2048] for i in range(0, len(ids) - 2047, 2048)]}
+
+    blocks = fast_load_iterable_dataset("data/", split="train", tokenizer="fixtures/tokenizer/gpt2", seq_len=2048,
+                                        add_eos=False, num_lanes=8).map(block_tokenize, batched=True,
+                                                                        batch_size=1000, remove_columns=["text"])
 """
 
 from __future__ import annotations
@@ -30,12 +41,12 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from impl.errors import ConfigError, SourceError, TopologyError, require
+from impl.errors import ConfigError, MapError, SourceError, TopologyError, require
 from impl.stream_lanes import valid_world_sizes
 from impl.streaming import StreamingDataset
 from impl.units import KNOWN, file_format
 
-__all__ = ["FastIterableDataset", "StreamingHuggingFaceDataset", "fast_load_iterable_dataset"]
+__all__ = ["FastIterableDataset", "HFMap", "StreamingHuggingFaceDataset", "fast_load_iterable_dataset"]
 
 _SHARD_MODES = ("auto", "file", "example")
 
@@ -95,22 +106,27 @@ def StreamingHuggingFaceDataset(*, hf_dataset_name: str, tokenizer_path: Any, se
 class FastIterableDataset:
     """Forgather's iterable-dataset calls over a :class:`StreamingDataset` built when first iterated.
 
-    ``shuffle`` and ``shard`` return a new object (as Forgather's do); the
-    dataset behind it is :attr:`dataset`. ``slice``, ``select`` and
-    ``map(batched=True)`` are refused with the loadspec way.
+    ``shuffle``, ``shard`` and ``map`` return a new object (as Forgather's
+    do); the dataset behind it is :attr:`dataset`. ``slice`` and ``select``
+    are refused with the loadspec way.
     """
 
-    def __init__(self, paths: list[str], options: Mapping[str, Any]) -> None:
-        self._paths, self._options = paths, dict(options)
+    def __init__(self, paths: list[str], options: Mapping[str, Any],
+                 mapping: tuple[HFMap, int, str] | None = None) -> None:
+        self._paths, self._options, self._map = paths, dict(options), mapping
         self._dataset: StreamingDataset | None = None
 
     def _with(self, **changes: Any) -> FastIterableDataset:
-        return FastIterableDataset(self._paths, {**self._options, **changes})
+        return FastIterableDataset(self._paths, {**self._options, **changes}, self._map)
 
     @property
     def dataset(self) -> StreamingDataset:
         if self._dataset is None:
-            self._dataset = StreamingDataset(self._paths, **self._options)
+            ds = StreamingDataset(self._paths, **self._options)
+            if self._map is not None:
+                fn, batch_size, name = self._map
+                ds = ds.map(fn, batched=True, batch_size=batch_size, name=name)
+            self._dataset = ds
         return self._dataset
 
     def shuffle(self, seed: int = 0, buffer_size: int = 1000) -> FastIterableDataset:
@@ -153,10 +169,75 @@ class FastIterableDataset:
         raise ConfigError("select(range) picks examples by position, which a lane-sharded stream does not have; "
                           "select files with paths, or build a TokenStore and use impl.splits.slice_store")
 
-    def map(self, function: Any, *args: Any, batched: bool = False, **kwargs: Any) -> FastIterableDataset:
-        raise ConfigError(f"map(batched={batched}) is not applied to a stream: StreamingDataset tokenizes and packs "
-                          "in its lanes (STREAM-9); pass tokenizer= and seq_len= (and packing=) to "
-                          "fast_load_iterable_dataset")
+    def map(self, function: Any, with_indices: bool = False, input_columns: Any = None, batched: bool = False,
+            batch_size: int | None = 1000, drop_last_batch: bool = False, remove_columns: str | list[str] | None = None,
+            features: Any = None, fn_kwargs: Mapping[str, Any] | None = None, *,
+            name: str | None = None) -> FastIterableDataset:
+        """Each lane's rows through ``function`` in input batches, as Hugging Face's ``map`` means it (STREAM-20).
+
+        ``batched=True``: ``function({"text": [text, ...]})`` returns a dict
+        of equal-length column lists, any number M of outputs (a block
+        tokenizer); ``batched=False``: one example dict in, one out. As in
+        Hugging Face, the input ``text`` column stays in the output unless
+        ``remove_columns`` names it (an output of M != N rows then needs it
+        removed); the lane packs ``input_ids`` when the output has them, else
+        tokenizes ``text``. ``name`` (a loadspec addition) names the map in the
+        state (default the function's ``module.qualname``). The arguments whose
+        meaning needs an example index or other call shape are refused.
+        """
+        text_field = str(self._options.get("text_field", "text"))
+        refused = {"with_indices": (with_indices, "a lane-sharded stream has no example index to pass"),
+                   "input_columns": (input_columns, "the function receives the batch dict; read the column there"),
+                   "drop_last_batch": (drop_last_batch, "each lane maps its short last batch too (STREAM-20)"),
+                   "features": (features, "the lane packs input_ids or tokenizes text; leave features out"),
+                   "fn_kwargs": (fn_kwargs, "pass functools.partial(function, **fn_kwargs) with name='<map>-v1'")}
+        for arg, (value, fix) in refused.items():
+            require(not value, ConfigError, f"map({arg}={value!r}) has no streaming form: {fix}")
+        require(self._map is None, ConfigError,
+                "this dataset is already mapped: a stream takes one map; compose the functions into one")
+        require(callable(function), ConfigError, f"function={function!r} must be callable")
+        require(not batched or (isinstance(batch_size, int) and batch_size >= 1), ConfigError,
+                f"batch_size={batch_size!r} must be an integer >= 1 (batch_size=None, one batch of everything, has no "
+                "streaming form)")
+        removed = (remove_columns,) if isinstance(remove_columns, str) else tuple(remove_columns or ())
+        ident = name or f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', '?')}"
+        fn = HFMap(function, text_field, removed, batched)
+        return FastIterableDataset(self._paths, self._options, (fn, int(batch_size or 1) if batched else 1, ident))
+
+
+class HFMap:
+    """Hugging Face's ``map`` column meaning as a batched map: the input text column kept unless removed.
+
+    A module-level class, so it pickles for workers whenever ``function`` does.
+    """
+
+    def __init__(self, function: Any, text_field: str, removed: tuple[str, ...], batched: bool) -> None:
+        self.function, self.text_field, self.removed, self.batched = function, text_field, removed, batched
+
+    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[Any]]:
+        texts = batch[self.text_field]
+        name = getattr(self.function, "__qualname__", repr(self.function))
+        if self.batched:
+            result = self.function({self.text_field: list(texts)})
+            require(isinstance(result, Mapping), MapError, f"the map {name!r} returned {type(result).__name__}, not "
+                    "a dict of columns: return {'input_ids': [[id, ...], ...]} or {'text': [text, ...]}")
+            out = dict(result)
+        else:
+            out = {}
+            for text in texts:
+                one = self.function({self.text_field: text})
+                require(isinstance(one, Mapping), MapError, f"the map {name!r} (batched=False) returned "
+                        f"{type(one).__name__}, not a dict: return one example; for N to M use batched=True")
+                for key, value in one.items():
+                    out.setdefault(key, []).append(value)
+        if self.text_field not in self.removed and self.text_field not in out:
+            sizes = {str(k): len(v) for k, v in out.items() if isinstance(v, (list, tuple))}
+            require(set(sizes.values()) <= {len(texts)}, MapError,
+                    f"the map {name!r} returned {sizes} outputs for {len(texts)} input rows while keeping the input "
+                    f"column {self.text_field!r}: pass remove_columns=[{self.text_field!r}] (as Hugging Face needs "
+                    "too)")
+            out[self.text_field] = list(texts)
+        return out
 
 
 def fast_load_iterable_dataset(path: str, split: str | None = "train", index_dir: str | None = None,

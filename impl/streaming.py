@@ -76,8 +76,19 @@ from impl.stream_lanes import (
     snapshot_from_json,
     valid_world_sizes,
 )
+from impl.stream_maps import (
+    MAP_FRESH,
+    MapCursor,
+    check_picklable,
+    count_samples,
+    map_lane_json,
+    map_snapshots,
+    unmap_state,
+    with_map,
+)
 from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, split_urls
 from reference.packing import PackingConfig
+from reference.stream_maps import BatchedMap
 from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamingConfig
 
 __all__ = ["STATE_KEY", "SkippedRowsWarning", "StreamingDataset", "merge_states", "valid_world_sizes"]
@@ -280,7 +291,9 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         self.rank, self.world_size = distributed_topology(rank, world_size)
         self.set_topology(self.rank, self.world_size, num_workers)
         self.epoch = int(epoch)
-        self.lanes: dict[int, LaneSnapshot] = {lane: FRESH for lane in range(num_lanes)}
+        #: A LaneSnapshot per lane, or a MapSnapshot (``impl.stream_maps``) when mapped; samples at [6] either way.
+        self.lanes: dict[int, Any] = {lane: FRESH for lane in range(num_lanes)}
+        self.batched_map: BatchedMap | None = None     # set by map() (STREAM-20)
         self._lengths: np.ndarray | None = None
         self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
         #: Units this process read to make samples (not the STREAM-12 census): the cost of a resume (STREAM-15).
@@ -330,14 +343,50 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
     @property
     def fingerprint(self) -> str:
         """sha256 of the unit index, the tokenizer and every option: what a state must match (STREAM-15)."""
-        text = json.dumps([self.index.fingerprint, self.tokenizer_id, self.config.to_json()], sort_keys=True)
+        text = json.dumps([self.index.fingerprint, self.tokenizer_id, self._options()], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning unless the state already sits inside it (as RES-7)."""
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         if epoch != self.epoch:
-            self.epoch, self.lanes = int(epoch), {lane: FRESH for lane in self.lanes}
+            self.epoch, self.lanes = int(epoch), {lane: self._fresh() for lane in self.lanes}
+
+    def _fresh(self) -> Any:
+        return FRESH if self.batched_map is None else MAP_FRESH
+
+    def _options(self) -> dict[str, Any]:
+        """Every option that decides the samples: the config, and the map's identity when mapped (STREAM-21)."""
+        options = self.config.to_json()
+        return options if self.batched_map is None else dict(options, map=self.batched_map.to_json())
+
+    # ------------------------------------------------------------ maps (STREAM-20, STREAM-21: impl.stream_maps)
+
+    def map(self, function: Any, *, batched: bool = True, batch_size: int = 1000,
+            name: str | None = None) -> StreamingDataset:
+        """A new dataset whose lanes pass their rows through ``function`` in input batches (STREAM-20, STREAM-21).
+
+        ``function({text_field: [text, ...]})`` returns a dict of equal-length
+        column lists, ``input_ids`` or else ``text_field``, any number of
+        outputs; the state resumes inside a batch. See :mod:`impl.stream_maps`
+        (a block tokenizer as the worked example).
+        """
+        mapped: StreamingDataset = with_map(self, function, batched=batched, batch_size=batch_size, name=name)
+        return mapped
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.batched_map is not None:
+            check_picklable(self.batched_map)
+        return dict(self.__dict__)
+
+    def _cursor(self, epoch: int, lane: int, *, census: bool = False) -> Any:
+        """Lane ``lane``'s cursor from its state: a ``LaneCursor``, or a ``MapCursor`` when mapped."""
+        rows, key = lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane)
+        if self.batched_map is None:
+            return LaneCursor(rows, key, self.config.shuffle_buffer_size, self.lanes[lane])
+        return MapCursor(rows, key, self.config.shuffle_buffer_size, self.lanes[lane], lane=lane,
+                         num_lanes=self.config.num_lanes, fmap=self.batched_map, text_field=self.config.text_field,
+                         starts=self._starts, census=census)
 
     # ------------------------------------------------------------ lanes
 
@@ -377,15 +426,17 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             atomic_write_bytes(path, buf.getvalue())
         return self._lengths
 
-    def _plan(self, tokens: _Tokens, num_workers: int) -> tuple[int, dict[int, LaneCursor], list[tuple[int, list[int]]]]:
+    def _plan(self, tokens: _Tokens, num_workers: int) -> tuple[int, dict[int, Any], list[tuple[int, list[int]]]]:
         """This pass's steps (STREAM-12), a cursor per lane and the rank's schedule of batches (STREAM-11)."""
         epoch, p = self.epoch, self.config.packing
-        extra = int(p.add_bos) + int(p.add_eos)
-        raw = self.lengths(tokens)
-        lengths = np.where(raw < 0, 0, raw + extra)     # -1: a skipped row, dropped (STREAM-17)
-        cursors = {lane: LaneCursor(lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane),
-                                    self.config.shuffle_buffer_size, snap) for lane, snap in self.lanes.items()}
-        remaining = {lane: remaining_samples(c, lambda g: int(lengths[g]), p) for lane, c in cursors.items()}
+        cursors = {lane: self._cursor(epoch, lane) for lane in self.lanes}
+        if self.batched_map is None:
+            extra = int(p.add_bos) + int(p.add_eos)
+            raw = self.lengths(tokens)
+            lengths = np.where(raw < 0, 0, raw + extra)     # -1: a skipped row, dropped (STREAM-17)
+            remaining = {lane: remaining_samples(c, lambda g: int(lengths[g]), p) for lane, c in cursors.items()}
+        else:      # a map's outputs are known only by mapping: the census maps every lane's rest once per pass
+            remaining = {lane: count_samples(self._cursor(epoch, lane, census=True), tokens, p) for lane in self.lanes}
         B, N, W = self.batch_size, self.config.num_lanes, self.world_size
         steps = min(sum(sum(remaining[lane] for lane in lanes) // B
                         for lanes in (participant_lanes(N, W, num_workers, r, k) for k in range(max(1, num_workers))))
@@ -421,11 +472,11 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         then spent, and no batch carries its snapshot).
         """
         epoch, p, B = self.epoch, self.config.packing, self.batch_size
-        cursors = {lane: LaneCursor(lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane),
-                                    self.config.shuffle_buffer_size, self.lanes[lane]) for lane in lanes}
+        cursors = {lane: self._cursor(epoch, lane) for lane in lanes}
         alive = set(lanes)
         while True:
             rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
+            snaps: dict[int, Any] = {}      # each lane's state after its last sample of the batch, not after it ran dry
             while len(rows) < B and alive:
                 lane = min(alive, key=lambda lane: (cursors[lane].samples, lane))
                 index = cursors[lane].samples
@@ -434,9 +485,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                     alive.discard(lane)
                 else:
                     rows.append((lane, index, sample))
+                    snaps[lane] = cursors[lane].snapshot()
             if len(rows) < B:
                 return
-            yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted({r[0] for r in rows}))
+            yield rows, tuple(sorted(snaps.items()))
 
     def _scheduled(self, tokens: _Tokens, num_workers: int,
                    worker: int) -> Iterator[_Batch]:
@@ -491,9 +543,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
     def state_dict(self) -> dict[str, Any]:
         """The state (STREAM-13): this rank's lanes, or every lane when a process group gathers them (STREAM-14)."""
         state = {"format": STATE_FORMAT, "version": STATE_VERSION, "index": self.index.fingerprint,
-                 "tokenizer": self.tokenizer_id, "options": self.config.to_json(), "epoch": self.epoch,
-                 "lanes": {str(lane): lane_json(self.lanes[lane], self.windows(self.epoch, lane), self._starts,
-                                                self.config.unit_window) for lane in self._my_lanes()}}
+                 "tokenizer": self.tokenizer_id, "options": self._options(), "epoch": self.epoch,
+                 "lanes": {str(lane): (lane_json if self.batched_map is None else map_lane_json)(
+                     self.lanes[lane], self.windows(self.epoch, lane), self._starts, self.config.unit_window)
+                     for lane in self._my_lanes()}}
         import torch.distributed as dist
 
         if self.world_size > 1 and dist.is_available() and dist.is_initialized():
@@ -503,10 +556,13 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a global state; refuse one that does not fit, naming what differs (STREAM-15)."""
+        """Resume from a global state; refuse one that does not fit, naming what differs (STREAM-15, STREAM-21)."""
         require(isinstance(state, Mapping) and state.get("format") == STATE_FORMAT, StateError,
                 f"not a streaming state (format {state.get('format') if isinstance(state, Mapping) else state!r}); "
                 "pass the dict a StreamingDataset's state_dict() or merge_states returned")
+        outputs = None
+        if self.batched_map is not None:     # checked, and read as STREAM-13's state plus (output, made) per lane
+            state, outputs = unmap_state(state, self.batched_map)
         require(state.get("version") == STATE_VERSION and set(state) == STATE_KEYS, StateError,
                 f"state version {state.get('version')!r} with keys {sorted(state)} is not version {STATE_VERSION} "
                 f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
@@ -536,11 +592,12 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             windows = self.windows(epoch, lane)
             loaded[lane] = snapshot_from_json(value, lane, epoch, windows, self._starts, self._counts,
                                               self.config.unit_window, lane_rows(windows))
-        self.epoch, self.lanes = int(epoch), loaded
+        self.epoch, self.lanes = int(epoch), (loaded if outputs is None else map_snapshots(loaded, outputs))
 
     def __repr__(self) -> str:
+        mapped = "" if self.batched_map is None else f", map={self.batched_map.identity!r}"
         return (f"StreamingDataset({len(self.index.files)} files, {len(self.index.units)} units, "
-                f"seq_len={self.config.packing.seq_len}, num_lanes={self.config.num_lanes}, epoch={self.epoch})")
+                f"seq_len={self.config.packing.seq_len}, num_lanes={self.config.num_lanes}{mapped}, epoch={self.epoch})")
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

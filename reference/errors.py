@@ -33,6 +33,10 @@ class SourceError(LoadspecError, ValueError):
     """A source file's content cannot be read as rows: names the file, the byte offset and the fix (STREAM-2)."""
 
 
+class MapError(LoadspecError, ValueError):
+    """A streaming map's function returned what a lane cannot pack, or cannot travel to workers (STREAM-20)."""
+
+
 class EmptyDataError(ConfigError):
     """The data holds nothing a loader could yield (for example an empty store)."""
 

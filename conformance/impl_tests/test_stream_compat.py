@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.impl_tests.stream_map_fns import Regroup, block_tokenize, count_words, shout, shout_batch
 from conformance.impl_tests.streaming_corpus import impl_rows, take, tokenizer, write
-from impl.errors import ConfigError, TopologyError
+from impl.errors import ConfigError, MapError, TopologyError
 from impl.stream_compat import StreamingHuggingFaceDataset, fast_load_iterable_dataset
 from impl.streaming import StreamingDataset, merge_states
 
@@ -55,6 +56,50 @@ def test_forgather_shuffle_shard_and_state_resume_and_other_meanings_are_refused
         base.shard(3, 0, mode="example")
     with pytest.raises(ConfigError, match="slices examples by position"):
         fast_load_iterable_dataset(str(root), split="train[10:]", tokenizer=tokenizer()[0], seq_len=4)
-    for call in (lambda: base.slice(0, 5), lambda: base.select(range(3)), lambda: base.map(len, batched=True)):
-        with pytest.raises(ConfigError, match="StreamingDataset|TokenStore|paths"):
+    for call in (lambda: base.slice(0, 5), lambda: base.select(range(3))):
+        with pytest.raises(ConfigError, match="TokenStore|paths"):
             call()
+
+
+@pytest.mark.clause("STREAM-20", "STREAM-21")
+def test_forgather_s_block_tokenizer_map_equals_the_dataset_s_map_and_resumes_inside_a_batch(tmp_path):
+    root, train = _data(tmp_path)
+    path = tokenizer()[0]
+    opts = dict(tokenizer=path, seq_len=4, num_lanes=2, add_eos=False)
+    blocks = fast_load_iterable_dataset(str(root), split="train", **opts).shuffle(seed=2, buffer_size=3).map(
+        block_tokenize, batched=True, batch_size=4, remove_columns=["text"])
+    same = StreamingDataset(train, shuffle=True, seed=2, shuffle_buffer_size=3, **opts).map(
+        block_tokenize, batch_size=4, name=f"{block_tokenize.__module__}.{block_tokenize.__qualname__}")
+    expected = impl_rows(same)
+    assert impl_rows(blocks) == expected and expected
+    first = fast_load_iterable_dataset(str(root), split="train", **opts).shuffle(seed=2, buffer_size=3).map(
+        block_tokenize, batched=True, batch_size=4, remove_columns="text")
+    head = impl_rows(take(first, 3))
+    state = first.state_dict()
+    assert any(lane["output"] > 0 for lane in state["lanes"].values())
+    resumed = blocks.shard(1, 0)
+    resumed.load_state_dict(state)
+    assert head + impl_rows(resumed) == expected
+
+
+def test_forgather_map_keeps_the_text_column_as_hugging_face_does_and_refuses_other_meanings(tmp_path):
+    root, _ = _data(tmp_path)
+    base = fast_load_iterable_dataset(str(root), split="train", tokenizer=tokenizer()[0], seq_len=4, num_lanes=2)
+
+    def tokens(rows):      # all but the document ids, which a map numbers by output (STREAM-20)
+        return [[r[:6] + r[7:] for r in b] for b in rows]
+
+    plain = tokens(impl_rows(base))
+    assert tokens(impl_rows(base.map(count_words, batched=True, batch_size=3))) == plain   # text kept: same tokens
+    assert impl_rows(base.map(shout)) == impl_rows(base.shard(1, 0).dataset.map(shout_batch, batch_size=1))
+    with pytest.raises(MapError, match=r"while keeping the input column 'text': pass remove_columns=\['text'\]"):
+        next(iter(base.map(Regroup(1, ids=True), batched=True, batch_size=4)))
+    with pytest.raises(MapError, match=r"neither 'input_ids' .* nor 'text'"):
+        next(iter(base.map(count_words, batched=True, remove_columns=["text"])))
+    for kwargs, match in ((dict(with_indices=True), "no example index"), (dict(fn_kwargs={"k": 1}), "partial"),
+                          (dict(drop_last_batch=True), "short last batch"), (dict(input_columns=["text"]), "dict"),
+                          (dict(batched=True, batch_size=None), "batch_size=None")):
+        with pytest.raises(ConfigError, match=match):
+            base.map(count_words, **kwargs)
+    with pytest.raises(ConfigError, match="already mapped"):
+        base.map(count_words).map(count_words)

@@ -134,3 +134,16 @@ def test_the_state_is_small_json_naming_positions_never_text(tmp_path):
     state = ds.state_dict()
     assert json.loads(json.dumps(state)) == state
     assert "alpha" not in json.dumps(state) and set(state["lanes"]) == {"0", "1"}
+
+
+@pytest.mark.clause("STREAM-13")
+def test_a_lane_that_runs_dry_inside_a_batch_others_fill_keeps_the_state_of_its_last_sample(tmp_path):
+    # lane 0 yields a sample, is picked again in the same batch and has none left; lane 1 fills the batch
+    names, ref_files = write(_dir(tmp_path), [("txt", [["", "aaa aa aaa", "aaa aa aaa aa aa aaa"]])])
+    cfg = dict(seq_len=2, packing="concat", num_lanes=2, seed=0, shuffle=False, unit_window=1, shuffle_buffer_size=0,
+               unit_bytes=1, batch_size=3, world_size=1, rank=0)
+    ds, ref = _pair(names, ref_files, cfg)
+    steps = len(impl_rows(ds))
+    ds, ref = _pair(names, ref_files, cfg)
+    assert impl_rows(take(iter(ds), steps)) == ref_rows(take(iter(ref), steps))
+    assert ds.state_dict() == ref.state_dict()

@@ -20,7 +20,7 @@ Worked example::
     ...         w.write_batch(pa.record_batch([pa.array(rows, pa.string())], names=["text"]))
     >>> _ = (d / "s.arrow").write_bytes(sink.getvalue().to_pybytes())
     >>> from impl.files import LocalFiles
-    >>> [(u.start, u.stop, u.rows) for u in stream_units(LocalFiles(d), "s.arrow", "text", 0)]
+    >>> stream_units(LocalFiles(d), "s.arrow", "text")
     [(120, 304, 2), (304, 464, 0), (464, 640, 1)]
     >>> read_stream_batch(LocalFiles(d), "s.arrow", 464, 640, "text")
     ['def']
@@ -28,13 +28,10 @@ Worked example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from impl.errors import SourceError, require
 from impl.files import FileAccess
-
-if TYPE_CHECKING:
-    from impl.units import Unit
 
 __all__ = ["FILE_MAGIC", "is_arrow_stream", "read_stream_batch", "stream_units"]
 
@@ -52,14 +49,12 @@ def _unreadable(files: FileAccess, name: str, exc: BaseException) -> SourceError
                        "truncated: write it again (save_to_disk) or leave it out of paths")
 
 
-def stream_units(files: FileAccess, name: str, text_field: str, file: int) -> list[Unit]:
-    """One unit per record batch, ``(a_g, b_g)`` its message's byte range, after checking the text column (STREAM-18)."""
+def stream_units(files: FileAccess, name: str, text_field: str) -> list[tuple[int, int, int]]:
+    """One ``(a_g, b_g, rows)`` per record batch, ``[a_g, b_g)`` its message's bytes, after checking the text column (STREAM-18)."""
     import pyarrow as pa
 
-    from impl.units import Unit
-
     src = pa.BufferReader(pa.py_buffer(files.map(name)))
-    units: list[Unit] = []
+    units: list[tuple[int, int, int]] = []
     try:
         reader = pa.ipc.MessageReader.open_stream(src)
         first = reader.read_next_message()
@@ -75,7 +70,7 @@ def stream_units(files: FileAccess, name: str, text_field: str, file: int) -> li
                     f"{files.where(name)}: the message at byte {start} is "
                     f"{'a dictionary batch (a dictionary-encoded column)' if 'dictionary' in msg.type else msg.type}"
                     ", not a record batch; cast the columns to plain types and write the file again")
-            units.append(Unit(file, start, src.tell(), pa.ipc.read_record_batch(msg, schema).num_rows))
+            units.append((start, src.tell(), pa.ipc.read_record_batch(msg, schema).num_rows))
             start = src.tell()
     except StopIteration:
         raise SourceError(f"{files.where(name)}: holds no schema message; it is not an Arrow IPC stream") from None

@@ -49,6 +49,19 @@ from urllib.parse import urlsplit
 
 from impl._crc import crc32
 from impl.build_files import meta_with_files, write_encoded
+from impl.build_fragments import (
+    FRAGMENT_FORMAT,
+    FRAGMENT_VERSION,
+    STAGING_DIR,
+    TaskResult,
+    fragment_document,
+    fragment_name,
+    owned_files,
+    parse_fragment_name,
+    progress_name,
+    sum_reports,
+    task_encoder,
+)
 from impl.build_progress import progress_bar
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError, LoadspecError, RemoteError
 from impl.remote import redact_url, scrub
@@ -56,7 +69,6 @@ from impl.store_format import FILE_TEMPLATE, META_FILE, take_crc_tables
 
 if TYPE_CHECKING:
     from impl.build import PreparedBuild
-    from impl.build_tasks import TaskResult
 
 __all__ = ["RemoteCommit", "commit_remote", "local_out", "read_reports", "remote_url", "run_remote_task"]
 
@@ -217,16 +229,6 @@ def _calling(what: str, error: type[LoadspecError], hint: str, call: Callable[..
 def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
                     storage_options: Mapping[str, Any] | None, progress: bool, commit_when_done: bool) -> TaskResult:
     """Task ``index`` of ``count`` of a build into ``url``: upload its token files, then its fragment (see module)."""
-    from impl.build_tasks import (
-        STAGING_DIR,
-        TaskResult,
-        fragment_document,
-        fragment_name,
-        owned_files,
-        progress_name,
-        sum_reports,
-        task_encoder,
-    )
 
     out = _Out(url, storage_options)
     fragment = f"{STAGING_DIR}/{fragment_name(index, count)}"
@@ -281,7 +283,6 @@ def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
 
 def read_reports(url: str, tasks: int, storage_options: Mapping[str, Any] | None) -> list[bytes]:
     """The progress reports of ``tasks`` tasks under ``url`` (one GET each; a missing or unreadable one is left out)."""
-    from impl.build_tasks import STAGING_DIR, progress_name
 
     out = _Out(url, storage_options)
     reports = []
@@ -306,7 +307,6 @@ def _upload(out: _Out, local: str, name: str, size: int, who: str, hint: str) ->
 
 def _commit_if_last(out: _Out, count: int, storage_options: Mapping[str, Any] | None, url: str) -> bool:
     """Commit when every fragment of ``count`` tasks is present; False when some are missing or another committed."""
-    from impl.build_tasks import STAGING_DIR, fragment_name
 
     present = set(out.names(STAGING_DIR))
     if not all(fragment_name(i, count) in present for i in range(count)):
@@ -321,7 +321,6 @@ def _commit_if_last(out: _Out, count: int, storage_options: Mapping[str, Any] | 
 
 
 def _read_fragment(out: _Out, name: str) -> dict[str, Any]:
-    from impl.build_tasks import FRAGMENT_FORMAT, FRAGMENT_VERSION
 
     raw = _calling(f"reading the fragment {out.where(name)}", BuildCommitError, "retry, or relaunch its task",
                    lambda: out.read(name))
@@ -383,7 +382,6 @@ def commit_remote(url: str, *, tasks: int | None = None,
     of different builds, a filesystem with no conditional create; and, for
     the second of two committers, a store already committed.
     """
-    from impl.build_tasks import STAGING_DIR, fragment_name, parse_fragment_name
 
     out = _Out(url, storage_options)
     retry = "retry the commit"
@@ -456,7 +454,6 @@ def _refuse_without_conditional_create(out: _Out) -> None:
     Probed, not assumed from the protocol: an S3-compatible server that
     ignores ``If-None-Match`` answers the second create with success.
     """
-    from impl.build_tasks import STAGING_DIR
 
     probe = out.path(f"{STAGING_DIR}/commit-probe-{uuid.uuid4().hex}")
     why = None

@@ -33,23 +33,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
-from impl.build import PreparedBuild, prepare_build
+from impl.build import prepare_build
 from impl.build_files import meta_with_files, write_encoded
+from impl.build_fragments import (
+    FRAGMENT_FORMAT,
+    FRAGMENT_PATTERN,
+    FRAGMENT_VERSION,
+    STAGING_DIR,
+    TaskResult,
+    fragment_document,
+    fragment_name,
+    owned_files,
+    progress_name,
+    sum_reports,
+    task_encoder,
+)
 from impl.build_progress import progress_bar
 from impl.build_publish import LOCK_TIMEOUT_S, check_output_path, source_paths, with_block_table
-from impl.build_shares import owned_ranges
-from impl.encoding import Encoder
 from impl.errors import BuildCommitError, BuildTaskError, ConfigError, StoreError
-from impl.sources import rechunk
 from impl.store_format import FILE_TEMPLATE, META_FILE, hash_file_blocks
 
 if TYPE_CHECKING:
@@ -58,30 +66,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FRAGMENT_FORMAT", "STAGING_DIR", "TaskResult", "build_task", "commit_build", "task_from_env",
            "tasks_progress"]
-
-STAGING_DIR = ".loadspec-staging"
-"""Where tasks write their token files and fragments, inside the output directory."""
-
-FRAGMENT_FORMAT = "loadspec.build_fragment"
-FRAGMENT_VERSION = 1
-_FRAGMENT = re.compile(r"^task-(\d{5,})-of-(\d{5,})\.json$")
-_TIMES = ("build_id", "created")
-
-
-def fragment_name(task: int, tasks: int) -> str:
-    """``task-00002-of-00007.json``: the fragment of task 2 of 7."""
-    return f"task-{task:05d}-of-{tasks:05d}.json"
-
-
-def parse_fragment_name(name: str) -> tuple[int, int] | None:
-    """``(task, tasks)`` of a fragment's file name, None for another name.
-
-    >>> parse_fragment_name("task-00002-of-00007.json"), parse_fragment_name("tokens-00002.arrow")
-    ((2, 7), None)
-    """
-    m = _FRAGMENT.match(name)
-    return None if m is None else (int(m.group(1)), int(m.group(2)))
-
 
 def task_from_env(task: int | None = None, tasks: int | None = None,
                   environ: Mapping[str, str] | None = None) -> tuple[int, int]:
@@ -107,17 +91,6 @@ def task_from_env(task: int | None = None, tasks: int | None = None,
     if isinstance(tasks, bool) or tasks < 1 or isinstance(task, bool) or not 0 <= task < tasks:
         raise ConfigError(f"task={task!r} of tasks={tasks!r}: need tasks >= 1 and 0 <= task < tasks")
     return task, tasks
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskResult:
-    """What one task did: ``skipped`` when its fragment already validated (a relaunch), ``files`` it owns."""
-
-    task: int
-    tasks: int
-    skipped: bool
-    files: tuple[int, ...]
-    committed: bool = False
 
 
 def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, task: int | None = None,
@@ -204,51 +177,6 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
                       committed=commit_when_done and _commit_if_last(out, count))
 
 
-def task_encoder(plan: PreparedBuild) -> Encoder:
-    """The encoder every task of ``plan`` uses (the local build's: same special tokens, dtype and batch size)."""
-    opts = plan.options
-    return Encoder(plan.tok_json, dtype=plan.dtype, bos_id=plan.tinfo.bos_id if opts.add_bos else None,
-                   eos_id=plan.tinfo.eos_id if opts.add_eos else None, batch_size=opts.batch_size)
-
-
-def owned_files(plan: PreparedBuild, index: int, count: int) -> tuple[list[int], Iterator[tuple[int, list[str]]]]:
-    """``(box, (file index, texts) of the files task ``index`` owns)``; once iterated, ``box[0]`` is the file count.
-
-    A files source is counted first and only this task's documents are read
-    (:func:`impl.build_shares.owned_ranges`); one that cannot be counted
-    cheaply (compressed text, datasets) is read whole.
-    """
-    opts = plan.options
-    share = None if not plan.src.files or plan.src.text_field is None else owned_ranges(
-        plan.src.files, plan.src.text_field, opts.docs_per_file, index, count)
-    if share is not None:
-        return [share[0]], share[1]
-    seen = [0]
-
-    def every_file() -> Iterator[tuple[int, list[str]]]:
-        for f, texts in enumerate(rechunk(plan.src.batches(), opts.docs_per_file)):
-            seen[0] = f + 1
-            if f % count == index:
-                yield f, texts
-
-    return seen, every_file()
-
-
-def fragment_document(plan: PreparedBuild, index: int, count: int, num_files: int,
-                      files: list[dict[str, Any]]) -> dict[str, Any]:
-    """Task ``index``'s fragment: the build key, its files' records and the meta template; EmptyDataError if none."""
-    if num_files == 0:
-        raise plan.empty_error()
-    return {"format": FRAGMENT_FORMAT, "version": FRAGMENT_VERSION, "task": index, "tasks": count,
-            "build_key": plan.build_key, "num_files": num_files, "files": files,
-            "template": {k: v for k, v in plan.meta([]).items() if k not in _TIMES}}
-
-
-def progress_name(task: int, tasks: int) -> str:
-    """``progress-00002-of-00007.json``: where task 2 of 7 reports its counts, in the staging area."""
-    return f"progress-{task:05d}-of-{tasks:05d}.json"
-
-
 def tasks_progress(out_dir: str | os.PathLike[str], tasks: int,
                    storage_options: Mapping[str, Any] | None = None) -> tuple[int, float]:
     """``(tokens written, tokens/s)`` of all ``tasks`` tasks together, from their progress files.
@@ -268,19 +196,6 @@ def tasks_progress(out_dir: str | os.PathLike[str], tasks: int,
         with contextlib.suppress(OSError):
             reports.append((staging / progress_name(i, tasks)).read_bytes())
     return sum_reports(reports)
-
-
-def sum_reports(reports: list[bytes]) -> tuple[int, float]:
-    """``(tokens, tokens/s)`` of the tasks' progress reports (a report that does not parse counts zero)."""
-    total, first, last = 0, float("inf"), 0.0
-    for raw in reports:
-        try:
-            rep = json.loads(raw)
-        except ValueError:
-            continue
-        total += int(rep["tokens"])
-        first, last = min(first, float(rep["started"])), max(last, float(rep["now"]))
-    return total, (total / (last - first) if last > first else 0.0)
 
 
 def _commit_if_last(out: Path, count: int) -> bool:
@@ -381,7 +296,7 @@ def commit_build(out_dir: str | os.PathLike[str], *, tasks: int | None = None,
         found = {}
         if staging.is_dir():
             for p in staging.iterdir():
-                m = _FRAGMENT.match(p.name)
+                m = FRAGMENT_PATTERN.match(p.name)
                 if m:
                     found[(int(m.group(1)), int(m.group(2)))] = p
         counts = {n for _, n in found} if tasks is None else {tasks}

@@ -291,7 +291,7 @@ def build_unit_index(paths: str | Sequence[str], *, files: FileAccess | None = N
             else:
                 units.extend(_line_units(data, unit_bytes, i))
         elif fmt == "arrow_stream":
-            units.extend(stream_units(access, name, text_field, i))
+            units.extend(Unit(i, a, b, rows) for a, b, rows in stream_units(access, name, text_field))
         else:
             units.extend(Unit(i, g, g + 1, n) for g, n in enumerate(_pyarrow_groups(access, name, fmt, text_field)))
     index = UnitIndex(unit_bytes=unit_bytes, files=tuple(entries), units=tuple(units), compression=tuple(comps))

@@ -42,6 +42,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from impl.errors import ConfigError, MapError, SourceError, TopologyError, require
+from impl.hf_sources import directory_files
 from impl.stream_lanes import valid_world_sizes
 from impl.streaming import StreamingDataset
 from impl.units import KNOWN, file_format
@@ -54,7 +55,9 @@ _SHARD_MODES = ("auto", "file", "example")
 def _data_files(name: str, config: str | None, split: str | None) -> list[str]:
     """The files a local dataset name holds: a file or glob as given; a directory's files of known kinds.
 
-    In a directory (``config`` its sub-directory), files whose path names the
+    A ``save_to_disk`` directory or a ``load_dataset`` cache gives its split's
+    files in the order its metadata names them (STREAM-19). In another
+    directory (``config`` its sub-directory), files whose path names the
     split (``train-0000.parquet``, ``train/x.jsonl``) are taken when there are
     any, else every file.
     """
@@ -64,6 +67,10 @@ def _data_files(name: str, config: str | None, split: str | None) -> list[str]:
         return [name]
     root = os.path.join(name, config) if config else name
     require(os.path.isdir(root), SourceError, f"{root} does not exist: hf_dataset_config names a sub-directory")
+    if os.path.isfile(os.path.join(root, "state.json")):      # one saved Dataset: its own files, whatever the split
+        return directory_files(root, None)
+    if any(os.path.isfile(os.path.join(root, f)) for f in ("dataset_dict.json", "dataset_info.json")):
+        return directory_files(root, split)                   # a saved DatasetDict or a load_dataset cache (STREAM-19)
     found = []
     for path in sorted(glob.glob(os.path.join(root, "**", "*"), recursive=True)):
         rel = os.path.relpath(path, root)

@@ -36,6 +36,34 @@ def test_kempnerforge_names_give_the_streaming_dataset_of_the_split_s_files_with
         StreamingHuggingFaceDataset(hf_dataset_name=str(root), tokenizer_path=path, seq_len=4, pack_sequences=False)
 
 
+@pytest.mark.clause("STREAM-19")
+def test_kempnerforge_names_over_a_save_to_disk_directory_read_its_split_in_state_json_order(tmp_path):
+    import json
+
+    import datasets
+
+    rows = [f"r{i} " * (1 + i % 3) for i in range(12)]
+    datasets.DatasetDict(train=datasets.Dataset.from_dict({"text": rows}),
+                         test=datasets.Dataset.from_dict({"text": rows[:2]})).save_to_disk(str(tmp_path / "dd"),
+                                                                                           num_shards={"train": 3,
+                                                                                                       "test": 1})
+    state_path = tmp_path / "dd" / "train" / "state.json"
+    state = json.loads(state_path.read_text())
+    state["_data_files"].reverse()                 # the metadata's order, not the names' order, is the row order
+    state_path.write_text(json.dumps(state))
+    path = tokenizer()[0]
+    ds = StreamingHuggingFaceDataset(hf_dataset_name=str(tmp_path / "dd"), hf_dataset_split="train",
+                                     tokenizer_path=path, seq_len=4, shuffle_buffer_size=0, num_lanes=1)
+    same = StreamingDataset(str(tmp_path / "dd"), split="train", tokenizer=path, seq_len=4, shuffle=False,
+                            shuffle_buffer_size=0, num_lanes=1)
+    assert [f[0] for f in ds.index.files] == [f[0] for f in same.index.files]
+    assert [f[0].rsplit("/", 1)[-1] for f in ds.index.files] == [e["filename"] for e in state["_data_files"]]
+    assert impl_rows(ds) == impl_rows(same)
+    saved = StreamingHuggingFaceDataset(hf_dataset_name=str(tmp_path / "dd" / "test"), tokenizer_path=path,
+                                        seq_len=4, shuffle_buffer_size=0)   # one saved Dataset: its files, split aside
+    assert [f[0].rsplit("/", 1)[-1] for f in saved.index.files] == ["data-00000-of-00001.arrow"]
+
+
 def test_forgather_shuffle_shard_and_state_resume_and_other_meanings_are_refused(tmp_path):
     root, _ = _data(tmp_path)
     base = fast_load_iterable_dataset(str(root), split="train", tokenizer=tokenizer()[0], seq_len=4, num_lanes=2)

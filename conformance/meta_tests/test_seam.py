@@ -45,6 +45,10 @@ ALLOWED: dict[str, frozenset[str]] = {
                                    "validate_state", "MixtureConfig", "mixture_fingerprint", "pipeline_parts",
                                    "mixture_parts", "mixture_level_parts", "part_hash"}),
     "reference.streaming": frozenset({"StreamingConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS"}),
+    # planned_options_refused validates the options a lane mixture refuses (MIX-25: configuration); the draws,
+    # lanes and state are impl's own.
+    "reference.stream_mixing": frozenset({"StreamMixConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS",
+                                          "planned_options_refused"}),
 }
 """Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
 

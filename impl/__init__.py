@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from impl.sharding import ShardedDataset, ShardIndexingMode, shard_dataset_data_parallel, shard_token_store
     from impl.splits import SplitStore, select, slice_store, split_store
     from impl.store import BuildOptions, TokenStore
+    from impl.stream_mixing import StreamMixture
     from impl.streaming import StreamingDataset, merge_states
     from impl.streams import StreamConfig
 
@@ -120,6 +121,7 @@ _MODULE_OF = {
     "split_store": "impl.splits",
     "token_pooling_mask_from_attention_mask": "impl.collation",
     "StreamingDataset": "impl.streaming",
+    "StreamMixture": "impl.stream_mixing",
     "merge_states": "impl.streaming",
 }
 
@@ -158,6 +160,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreVersionError",
     "StreamConfig",
+    "StreamMixture",
     "StreamingDataset",
     "TokenPoolingType",
     "TokenStore",

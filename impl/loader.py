@@ -429,13 +429,14 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     require(is_int(num_workers) and num_workers >= 0, ConfigError,
             f"num_workers={num_workers!r} must be an integer >= 0 (0: load in the training process)")
     from impl.stream_loader import StreamingLoader
+    from impl.stream_mixing import StreamMixture
     from impl.streaming import StreamingDataset
 
-    if isinstance(dataset, StreamingDataset):   # batches composed per worker (STREAM-11): its own loader
+    if isinstance(dataset, (StreamingDataset, StreamMixture)):   # batches composed per worker (STREAM-11, MIX-24)
 
         require(replication == 1 and end is None and collate_fn is collate and not pin_memory, ConfigError,
-                "a StreamingDataset takes no replication, end, collate_fn or pin_memory: its batches are composed "
-                "per worker and end with equal-step truncation (STREAM-12); leave them at their defaults")
+                f"a {type(dataset).__name__} takes no replication, end, collate_fn or pin_memory: its batches are "
+                "composed per worker and end with equal-step truncation (STREAM-12); leave them at their defaults")
         return StreamingLoader(dataset, batch_size=batch_size, rank=rank, world_size=world_size,  # type: ignore[return-value]
                                num_workers=num_workers, multiprocessing_context=multiprocessing_context,
                                persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,

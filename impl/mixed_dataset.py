@@ -134,6 +134,17 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     >>> loader = build_dataloader(mixed, batch_size=8, rank=rank, world_size=world)              # doctest: +SKIP
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A ``StreamMixture`` when a source is a ``StreamingDataset``: lanes, not a plan (MIX-22, ``impl.stream_mixing``)."""
+        from impl.streaming import StreamingDataset
+
+        sources = args[0] if args else kwargs.get("sources")
+        if isinstance(sources, (list, tuple)) and any(isinstance(s, StreamingDataset) for s in sources):
+            from impl.stream_mixing import StreamMixture
+
+            return StreamMixture.from_mixed_dataset_args(*args, **kwargs)
+        return super().__new__(cls, *args, **kwargs)
+
     def __init__(self, sources: Sequence[Any], *, weights: Sequence[float] | None = None,
                  stopping: str = "first_exhausted", seed: int = 0, weight_fn: WeightFn | None = None,
                  end: str = "drop_last", epoch: int = 0, streams: Sequence[StreamConfig] | None = None,

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from impl.errors import ConfigError, is_int, require
 from impl.partition import distributed_topology
+from impl.stream_mixing import StreamMixture
 from impl.streaming import STATE_KEY, StreamingDataset
 
 __all__ = ["StreamingLoader"]
@@ -36,9 +37,9 @@ def _identity(batch: Any) -> Any:
 
 
 class StreamingLoader:
-    """One rank's loader over a :class:`StreamingDataset`: ``state_dict()`` / ``load_state_dict()`` are the dataset's."""
+    """One rank's loader over a :class:`StreamingDataset` or a :class:`~impl.stream_mixing.StreamMixture` (its state)."""
 
-    def __init__(self, dataset: StreamingDataset, *, batch_size: int, rank: int | None = None,
+    def __init__(self, dataset: StreamingDataset | StreamMixture, *, batch_size: int, rank: int | None = None,
                  world_size: int | None = None, num_workers: int = 0, multiprocessing_context: Any = None,
                  **dataloader_kwargs: Any) -> None:
         require(is_int(batch_size) and batch_size >= 1, ConfigError, f"batch_size={batch_size!r} must be >= 1")
@@ -95,7 +96,7 @@ class StreamingLoader:
         try:
             while len(done) < len(lanes):
                 k = min((k for k in range(len(lanes)) if k not in done),
-                        key=lambda k: (sum(ds.lanes[lane][6] for lane in lanes[k]), k))
+                        key=lambda k: (sum(ds.lane_samples(lane) for lane in lanes[k]), k))
                 while not queues[k]:
                     batch = next(iterator)
                     meta = batch.pop(STATE_KEY)

@@ -336,6 +336,24 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         participant_lanes(self.config.num_lanes, world_size, num_workers, rank, 0)
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
 
+    def row_tokens(self) -> Any:
+        """A fresh cache of prepared token arrays by global row number (``LaneCursor.next_sample``'s ``tokens``)."""
+        return _Tokens(self)
+
+    def lane_entry(self, epoch: int, lane: int, snap: LaneSnapshot) -> dict[str, Any]:
+        """Lane ``lane``'s snapshot as STREAM-13's JSON entry (``impl.stream_mixing`` nests it in its state)."""
+        return lane_json(snap, self.windows(epoch, lane), self._starts, self.config.unit_window)
+
+    def lane_snapshot(self, epoch: int, lane: int, value: Any) -> LaneSnapshot:
+        """STREAM-13's JSON entry of lane ``lane`` back to a snapshot; ``StateError`` for a corrupt or foreign one."""
+        windows = self.windows(epoch, lane)
+        return snapshot_from_json(value, lane, epoch, windows, self._starts, self._counts, self.config.unit_window,
+                                  lane_rows(windows))
+
+    def lane_samples(self, lane: int) -> int:
+        """Samples lane ``lane`` handed out this epoch (STREAM-11's count; ``impl.stream_loader`` orders workers by it)."""
+        return self.lanes[lane][6]
+
     def worker_lanes(self, num_workers: int) -> list[list[int]]:
         return [participant_lanes(self.config.num_lanes, self.world_size, num_workers, self.rank, k)
                 for k in range(max(1, num_workers))]

@@ -352,7 +352,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
 
     def lane_samples(self, lane: int) -> int:
         """Samples lane ``lane`` handed out this epoch (STREAM-11's count; ``impl.stream_loader`` orders workers by it)."""
-        return self.lanes[lane][6]
+        return int(self.lanes[lane][6])
 
     def worker_lanes(self, num_workers: int) -> list[list[int]]:
         return [participant_lanes(self.config.num_lanes, self.world_size, num_workers, self.rank, k)

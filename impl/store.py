@@ -362,10 +362,11 @@ class TokenStore:
         """
         if self._doc_offsets is None:
             self._require_open()
-            if len(self._offsets) == 1:
-                out = self._offsets[0]
+            offsets = [self._maps.offsets_of(f) for f in range(len(self._records))]   # a remote store: by range
+            if len(offsets) == 1:
+                out = offsets[0]
             else:
-                parts = [off[:-1] + base for off, base in zip(self._offsets, self._file_token_starts)]
+                parts = [off[:-1] + base for off, base in zip(offsets, self._file_token_starts)]
                 parts.append(np.array([self.num_tokens], dtype=np.int64))
                 out = np.concatenate(parts).astype(np.int64, copy=False)
                 out.setflags(write=False)

@@ -283,11 +283,14 @@ class NodeCache:
         """Rename the checked ``partial`` into place as ``name`` at ``version`` (the caller holds the download lock)."""
         path = self.data_path(name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._state("records", name))   # a stale copy is untrusted from here on
         inode = os.stat(partial).st_ino
-        os.replace(partial, path)
-        self._write_record(name, CachedCopy(version=version, size=size, inode=inode))
+        # Under the eviction lock: between the rename (its reservation gone) and the record (its bytes counted)
+        # another process making room would count neither and could fill the cache past its limit.
+        with self._evict_lock():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._state("records", name))   # a stale copy is untrusted from here on
+            os.replace(partial, path)
+            self._write_record(name, CachedCopy(version=version, size=size, inode=inode))
 
     def drop(self, name: str, version: str, size: int) -> bool:
         """Remove ``name``'s cached copy at ``version``/``size`` (one a reader's checks refused); ``True`` if removed.

@@ -51,12 +51,27 @@ from impl.cache import NodeCache, parse_bytes
 from impl.errors import CacheLimitError, ConfigError, DownloadError, RemoteChangedError, RemoteError
 from impl.files import FileStat
 
-__all__ = ["RemoteConfig", "RemoteFiles", "redact_url"]
+__all__ = ["RemoteConfig", "RemoteFiles", "node_ranks", "redact_url"]
 
 _CHUNK = 4 * 1024 * 1024
 _BACKOFF_S = 0.25
 _HASHES = ("md5", "sha256")
 _URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@]*@)?([^\s?#'\"]*)(\?[^\s#'\"]*)?(#[^\s'\"]*)?")
+
+
+def node_ranks() -> int:
+    """The ranks of this node, which share its cache: ``LOCAL_WORLD_SIZE`` (what torchrun sets), else 1.
+
+    >>> os.environ["LOCAL_WORLD_SIZE"] = "8"; node_ranks()   # doctest: +SKIP
+    8
+    """
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"LOCAL_WORLD_SIZE={raw!r} must be a positive integer (the ranks of this node), as "
+                          "torchrun sets it; unset it for one rank")
+    return int(raw)
 
 
 def redact_url(url: str) -> str:
@@ -307,26 +322,37 @@ class RemoteFiles:
         return names
 
     def check_room(self, token_files: Mapping[str, int], tables: tuple[str, ...] = ("meta.json", "blocks.crc32",
-                                                                                     "documents.crc32")) -> None:
-        """Refuse a ``cache_limit`` that cannot hold what one reader maps at once, naming the bytes it needs.
+                                                                                     "documents.crc32"),
+                   *, readers: int = 1, why: str = "one reader") -> None:
+        """Refuse a ``cache_limit`` that cannot hold what the node's ``readers`` map at once, naming the bytes needed.
 
-        A store maps its ``tables`` for its lifetime and up to
-        :attr:`keep_mapped` token files (``token_files``: name -> size)
-        besides, and downloads the next file while it still holds those
-        (one more file); ``TokenStore.open(url, local=...)`` calls this
-        before any token file is downloaded.
+        A store maps its ``tables`` for its lifetime (one copy for the
+        node) and up to :attr:`keep_mapped` token files (``token_files``:
+        name -> size) besides, and downloads the next file while it still
+        holds those (one more file): three files a reader. ``readers``
+        processes of the node share the cache (ranks x DataLoader workers;
+        ``why`` says how they were counted), so the node needs the tables
+        plus the ``3 x readers`` largest token files (at worst they read
+        distinct files). ``TokenStore.open(url, local=...)`` calls this with
+        the node's ranks (``LOCAL_WORLD_SIZE``) before any token file is
+        downloaded.
+
+        >>> files.check_room({"tokens-00000.arrow": 900, "tokens-00001.arrow": 800}, readers=2)  # doctest: +SKIP
         """
         limit = self._config.cache_limit
         if limit is None:
             return
         fixed = sum(st.size for name in tables if (st := self.stat(name)) is not None)
-        largest = sorted(token_files.values(), reverse=True)[: (self.keep_mapped or 1) + 1]
+        each = (self.keep_mapped or 1) + 1
+        largest = sorted(token_files.values(), reverse=True)[: each * readers]
         needed = fixed + sum(largest)
         if needed > limit:
             raise CacheLimitError(
                 f"cache_limit is {limit} bytes but reading {redact_url(self._config.remote)} maps up to {needed} "
-                f"bytes at once ({', '.join(tables)}: {fixed} bytes, and its {len(largest)} largest token files): "
-                f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
+                f"bytes at once: {', '.join(tables)} ({fixed} bytes, shared by the node) and {each} token files for "
+                f"each of {readers} reader{'s' if readers > 1 else ''} ({why}), the {len(largest)} largest: "
+                f"{sum(largest)} bytes; raise cache_limit to at least {needed} bytes (or pass cache_limit=None)"
+                + ("" if readers == 1 else ", or use fewer DataLoader workers"))
 
     def refused(self, name: str) -> str:
         """Drop this node's cached copy of ``name``, which the store's checks refused, and say what to do.

@@ -184,7 +184,7 @@ class TokenStore:
         hold one read is refused before any token file is downloaded.
         """
         if files is None and (local is not None or remote or "://" in str(path)):
-            from impl.remote import RemoteFiles  # a remote store: fsspec and the node-local cache
+            from impl.remote import RemoteFiles, node_ranks  # a remote store: fsspec and the node-local cache
 
             if local is None:
                 raise ConfigError(f"{path} is a URL: pass a local cache directory, "
@@ -192,7 +192,9 @@ class TokenStore:
             cached = RemoteFiles(str(path), local, **remote)
             store = cls.open(path, files=cached)   # meta.json first; no token file is downloaded yet
             cached.expect_sha256({rec.name: rec.sha256 for rec in store._records})
-            cached.check_room({rec.name: rec.size for rec in store._records})
+            ranks = node_ranks()
+            cached.check_room({rec.name: rec.size for rec in store._records}, readers=ranks,
+                              why="one reader" if ranks == 1 else f"LOCAL_WORLD_SIZE={ranks} ranks of this node")
             if verify:
                 store.verify()
             return store

@@ -393,3 +393,28 @@ def test_a_corrupted_offsets_region_read_by_range_is_refused_before_any_entry_is
                                                 r"for its document offsets.*restore it from a good copy"):
         store.lengths   # noqa: B018 - the property reads every file's offsets
     assert not list((tmp_path / "cache").glob("tokens-*"))   # no token file was downloaded whole
+
+
+def test_a_cache_limit_too_small_for_every_rank_of_the_node_is_refused_at_open_naming_how_it_was_counted(
+        tmp_path, monkeypatch):
+    from impl.errors import ConfigError
+    from impl.store import TokenStore
+
+    built = TokenStore.from_token_files([[[i * 7 + j for j in range(100 * (f + 1))] for i in range(20)]
+                                         for f in range(6)], tmp_path / "remote", vocab_size=1000)
+    sizes = sorted((r.size for r in built.file_records), reverse=True)
+    tables = sum(p.stat().st_size for p in (tmp_path / "remote").iterdir() if p.is_file()) - sum(sizes)
+    url, limit = f"file://{tmp_path / 'remote'}", tables + sum(sizes[:3])   # one reader's tables and three files
+    TokenStore.open(url, local=tmp_path / "cache", cache_limit=limit)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")                            # two ranks of this node share it
+    needed = tables + sum(sizes[:6])
+    with pytest.raises(CacheLimitError, match=rf"maps up to {needed} bytes at once: meta.json, blocks.crc32, "
+                                              rf"documents.crc32 \({tables} bytes, shared by the node\) and 3 token "
+                                              r"files for each of 2 readers \(LOCAL_WORLD_SIZE=2 ranks of this node\)"
+                                              rf", the 6 largest: {sum(sizes[:6])} bytes; raise cache_limit to at "
+                                              rf"least {needed} bytes"):
+        TokenStore.open(url, local=tmp_path / "cache", cache_limit=limit)
+    TokenStore.open(url, local=tmp_path / "cache", cache_limit=needed)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE='0' must be a positive integer"):
+        TokenStore.open(url, local=tmp_path / "cache", cache_limit=limit)

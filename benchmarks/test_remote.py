@@ -8,9 +8,9 @@ shuffled order, each read through) with a cold node cache whose
 and a resume at 90 % with a cold cache: seconds from open to its first
 sample, and the bytes it downloads to finish the epoch. Two first epochs:
 *fresh* (no plan cached: building it reads every file's document offsets,
-which downloads every file whole, in file order, before the epoch reads them
-again in its own order under the small cache) and *cold* (the plan cached on
-disk, as a restarted job finds it: only the epoch's own reads).
+by ranged reads of the blocks holding them) and *cold* (the plan cached on
+disk, as a restarted job finds it: only the epoch's own reads). The dataset
+predownloads (its default, 8 samples ahead of a reader without a loader).
 
 Run: ``.venv/bin/python -m pytest benchmarks/test_remote.py -q -s -p no:cacheprovider`` (the main venv: it has
 the ``test`` extra's moto and s3fs). MosaicML Streaming from the same server is not measured: the bench venv

@@ -8,7 +8,9 @@ root, so the token store reads it exactly as it reads a local directory:
 cached copy. The option names are MosaicML Streaming's where the meaning is
 the same: ``remote``, ``local``, ``cache_limit`` (bytes or ``"10gb"``),
 ``download_retry`` (retries after the first attempt), ``download_timeout``
-(seconds *without progress*), ``validate_hash``.
+(seconds *without progress*), ``validate_hash``; a dataset's ``predownload``
+drives :meth:`RemoteFiles.schedule` and :meth:`RemoteFiles.predownload`
+(:mod:`impl.predownload`).
 
 What a download promises: the bytes land in a partial file of their own;
 the object's version (ETag, else size and mtime) is read before and after,
@@ -42,6 +44,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -195,9 +198,21 @@ class RemoteFiles:
         self._sha256: dict[str, str] = {}
         self._schedule: list[str] = []
         self._cursor = 0
-        self._lock = threading.Lock()
+        self._after_fork()
+        _LIVE.add(self)
         self.downloads = 0   # completed by this object (tests and benchmarks count them)
         self.downloaded_bytes = 0
+
+    def _after_fork(self) -> None:
+        """Fresh locks and no background thread: what a forked DataLoader worker's copy starts with.
+
+        Why: a fork copies a lock another thread of the parent held, and
+        none of the parent's threads; a worker re-creates both.
+        """
+        self._lock = threading.Lock()
+        self._ahead: list[str] = []
+        self._ahead_given: list[str] = []
+        self._ahead_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ pickling: the config, never the handles
     def __reduce__(self) -> tuple[Any, ...]:
@@ -335,7 +350,7 @@ class RemoteFiles:
         plus the ``3 x readers`` largest token files (at worst they read
         distinct files). ``TokenStore.open(url, local=...)`` calls this with
         the node's ranks (``LOCAL_WORLD_SIZE``) before any token file is
-        downloaded.
+        downloaded, and ``build_dataloader`` again with its workers.
 
         >>> files.check_room({"tokens-00000.arrow": 900, "tokens-00001.arrow": 800}, readers=2)  # doctest: +SKIP
         """
@@ -425,6 +440,64 @@ class RemoteFiles:
         thread.start()
         return thread
 
+    def predownload(self, names: Sequence[str]) -> None:
+        """Download ``names`` ahead of their reads, in order, in this process's one background thread.
+
+        What a dataset's ``predownload`` does for a remote store: it calls
+        :meth:`schedule` with the files its next samples read, then this with
+        those beyond the current batch. A new call replaces the list the
+        thread works on (one naming the same files as the last does
+        nothing). A file already cached is skipped; a file is
+        downloaded only if the cache has room for it without evicting a
+        file this reader needs sooner (:meth:`NodeCache.reserve` with
+        ``ahead_of``), else the thread stops until a call names other files; so a
+        predownload never costs a read a download it would not have paid.
+        A failure ends it quietly: the reader's own read retries and raises
+        the typed error.
+
+        >>> files.schedule(["tokens-00003.arrow", "tokens-00004.arrow"])     # doctest: +SKIP
+        >>> files.predownload(["tokens-00004.arrow"])                         # doctest: +SKIP
+        """
+        with self._lock:
+            if list(names) == self._ahead_given:
+                return   # the same files as the last call (a reader inside one file): nothing new to fetch
+            self._ahead_given = list(names)
+            self._ahead = list(names)
+            if self._ahead and (self._ahead_thread is None or not self._ahead_thread.is_alive()):
+                self._ahead_thread = threading.Thread(target=self._run_ahead, name="loadspec-predownload",
+                                                      daemon=True)
+                self._ahead_thread.start()
+
+    def wait_predownload(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the background predownload to finish; ``True`` when none runs."""
+        thread = self._ahead_thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def _run_ahead(self) -> None:
+        while True:
+            with self._lock:
+                if not self._ahead:
+                    return
+                name = self._ahead.pop(0)
+            try:
+                st = self.stat(name)
+                if st is None:
+                    continue
+                rec = self._cache.record(name)
+                if rec is not None and (rec.version, rec.size) == (st.version, st.size):
+                    continue
+                if not self._fetch(name, st, ahead_of=self._next_use(name)):
+                    with self._lock:
+                        self._ahead = []
+                    return
+            except Exception:  # noqa: BLE001 - the reader's own read raises it, typed
+                with self._lock:
+                    self._ahead = []
+                return
+
     def expect_sha256(self, digests: Mapping[str, str]) -> None:
         """Record the sha256 each named file must have (checked when ``validate_hash="sha256"``)."""
         self._sha256.update(digests)
@@ -442,26 +515,33 @@ class RemoteFiles:
         raise RemoteError(f"{self.where(name)}: its cached copy kept disappearing (evicted before it could be read); "
                           "raise cache_limit")
 
-    def _fetch(self, name: str, st: FileStat) -> None:
-        """Download ``name`` into the cache unless another process of the node did while this one waited."""
+    def _fetch(self, name: str, st: FileStat, *, ahead_of: float | None = None) -> bool:
+        """Download ``name`` into the cache unless another process of the node did while this one waited.
+
+        ``ahead_of``: a predownload (:meth:`NodeCache.reserve`); ``False`` when the cache had no room for it.
+        """
         cache = self._cache
         with cache.download_lock(name) as lock_fd:
             rec = cache.record(name)
             if rec is not None and rec.version == st.version and rec.size == st.size:
                 try:
                     if os.stat(cache.data_path(name)).st_ino == rec.inode:
-                        return
+                        return True
                 except FileNotFoundError:
                     pass
-            partial = cache.reserve(name, st.size, self.where(name))
+            partial = cache.reserve(name, st.size, self.where(name), ahead_of=ahead_of)
+            if partial is None:
+                return False
             try:
                 cache.set_holder(lock_fd, partial)
                 self._with_retries(name, "download", lambda: self._download_once(name, st, partial))
                 cache.install(name, partial, st.version, st.size)
-                self.downloads += 1
-                self.downloaded_bytes += st.size
+                with self._lock:
+                    self.downloads += 1
+                    self.downloaded_bytes += st.size
             finally:
                 cache.discard(partial)
+        return True
 
     def _with_retries(self, name: str, what: str, attempt: Any) -> Any:
         tries = self._config.download_retry + 1
@@ -553,6 +633,17 @@ class RemoteFiles:
                 return   # no recorded digest for this file (meta.json, CRC tables): the store checks those itself
         if got != want:
             raise OSError(f"the body's {algo} is {got}, the object's is {want}")
+
+
+_LIVE: weakref.WeakSet[RemoteFiles] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for files in list(_LIVE):
+        files._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _rebuild(config: RemoteConfig, sha256: dict[str, str]) -> RemoteFiles:

@@ -250,12 +250,15 @@ class NodeCache:
         except OSError:
             return None
 
-    def reserve(self, name: str, size: int, where: str) -> str:
+    def reserve(self, name: str, size: int, where: str, *, ahead_of: float | None = None) -> str | None:
         """A new partial file for ``name`` (``size`` bytes reserved), evicting unheld files to make room.
 
         Raises :class:`CacheLimitError` when ``size`` alone exceeds the limit,
         or when files held by readers of the node did not free enough room
-        within ``wait_s``.
+        within ``wait_s``. ``ahead_of`` (a download ahead of its read, needed
+        that many reads ahead: ``next_use(name)``) evicts only files needed
+        later than that (or not foreseen) and never waits: ``None`` when that
+        leaves no room, so a predownload never evicts a file needed sooner.
         """
         if self.limit is not None and size > self.limit:
             raise CacheLimitError(
@@ -264,13 +267,15 @@ class NodeCache:
         deadline = time.monotonic() + self.wait_s
         while True:
             with self._evict_lock():
-                if self.limit is None or self._make_room(name, size):
+                if self.limit is None or self._make_room(name, size, ahead_of):
                     partial = os.path.join(
                         self.local, STATE_DIR, "partial",
                         f"{PARTIAL_PREFIX}{quote(self.host, safe='')},{os.getpid()},{secrets.token_hex(6)},{size},"
                         f"{quote(name, safe='')}")
                     os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
                     return partial
+                if ahead_of is not None:
+                    return None
                 used, held = self._usage()
             if time.monotonic() > deadline:
                 raise CacheLimitError(
@@ -283,11 +288,14 @@ class NodeCache:
         """Rename the checked ``partial`` into place as ``name`` at ``version`` (the caller holds the download lock)."""
         path = self.data_path(name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._state("records", name))   # a stale copy is untrusted from here on
         inode = os.stat(partial).st_ino
-        os.replace(partial, path)
-        self._write_record(name, CachedCopy(version=version, size=size, inode=inode))
+        # Under the eviction lock: between the rename (its reservation gone) and the record (its bytes counted)
+        # another process making room would count neither and could fill the cache past its limit.
+        with self._evict_lock():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._state("records", name))   # a stale copy is untrusted from here on
+            os.replace(partial, path)
+            self._write_record(name, CachedCopy(version=version, size=size, inode=inode))
 
     def drop(self, name: str, version: str, size: int) -> bool:
         """Remove ``name``'s cached copy at ``version``/``size`` (one a reader's checks refused); ``True`` if removed.
@@ -387,18 +395,23 @@ class NodeCache:
         finally:
             os.close(fd)
 
-    def _make_room(self, name: str, size: int) -> bool:
-        """Evict unheld copies, least recently used first, until ``size`` more bytes fit (under the evict lock)."""
+    def _make_room(self, name: str, size: int, ahead_of: float | None = None) -> bool:
+        """Evict unheld copies, least recently used first, until ``size`` more bytes fit (under the evict lock).
+
+        With ``ahead_of``, only copies whose ``next_use`` is later than it (see :meth:`reserve`).
+        """
         assert self.limit is not None
         self.clean_dead_partials()
         cached = self._cached()
         used = self._reserved() + sum(s for _, _, s in cached)
-        if self.next_use is not None:   # the reader said its future order: the file needed furthest ahead goes first
-            key = self.next_use
+        key = self.next_use
+        if key is not None:   # the reader said its future order: the file needed furthest ahead goes first
             cached = sorted(cached, key=lambda c: -key(c[1]))
         for _, other, osize in cached:
             if used + size <= self.limit:
                 break
+            if ahead_of is not None and (key is None or not key(other) > ahead_of):
+                continue   # a download ahead of its read never evicts a file needed sooner
             if other != name and self._evict(other):
                 used -= osize
         return used + size <= self.limit

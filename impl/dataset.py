@@ -68,6 +68,7 @@ from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
 from impl.packing import PackPlan, bin_key, closed_form_samples, pack_plan
 from impl.plan_cache import PlanCache, PlanEntry, plan_cache_dir, plan_key
+from impl.predownload import Reader, check_predownload, check_readers, run_ahead, store_reads
 from impl.schema import BATCH_FIELDS, padding_rows
 from impl.splits import SplitStore, split_pipeline
 from impl.store import TokenStore
@@ -121,6 +122,11 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     :attr:`config` and so of the fingerprint, as in the reference.
     ``split`` (``"train[:80%]"`` or a ``(start, stop)`` pair) reads only those
     documents through a zero-copy ``impl.splits.SplitStore`` (SPLIT-8).
+    ``predownload`` (MosaicML Streaming's name): for a store read through
+    a remote access, the samples each reader downloads ahead of its reads
+    (``None``: 8 x the per-rank batch size, 8 samples without a loader;
+    ``0``: off; :mod:`impl.predownload`); a local store ignores it. It is
+    not part of :attr:`config`: it changes no sample.
 
     ``ds[i]`` / ``ds[SampleKey(epoch, i)]`` return a dict of torch tensors:
     ``input_ids``, ``labels`` (IGNORE = -100), ``position_ids``, ``doc_ids``
@@ -144,8 +150,9 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                  overflow: str = "split", stride: int = 0, bos_on_continuation: bool = False, add_bos: bool = False,
                  add_eos: bool = False, min_len: int = 0, pad_id: int | None = None,
                  cache_dir: str | os.PathLike[str] | None | bool = None, epoch: int = 0, end: str = "drop_last",
-                 split: str | tuple[Any, Any] | None = None) -> None:
+                 split: str | tuple[Any, Any] | None = None, predownload: int | None = None) -> None:
         opened = _open_store(store)
+        check_predownload(predownload)
         for name, value in (("seq_len", seq_len), ("seed", seed), ("window", window), ("pack_window", pack_window),
                             ("stride", stride), ("min_len", min_len), ("epoch", epoch)):
             check_bounded(name, value)   # before the configs exist: their own checks would name the bounds less well
@@ -173,11 +180,12 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             end=cast(End, end),
             split=split,
         )
-        self._setup(opened, config, cache_dir, epoch)
+        self._setup(opened, config, cache_dir, epoch, predownload)
 
     @classmethod
     def from_config(cls, store: TokenStore | SplitStore | str | os.PathLike[str], config: PipelineConfig, *,
-                    cache_dir: str | os.PathLike[str] | None | bool = None, epoch: int = 0) -> PackedDataset:
+                    cache_dir: str | os.PathLike[str] | None | bool = None, epoch: int = 0,
+                    predownload: int | None = None) -> PackedDataset:
         """The dataset of an explicit ``reference.resume.PipelineConfig`` (its BOS/EOS/pad ids used as given).
 
         Why: the conformance kit and resume checks state pipelines as
@@ -188,15 +196,17 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if config.ordering.kind == "buffer":
             raise NotImplementedError(f"ordering kind 'buffer': {BUFFER_MESSAGE}")
         opened = _open_store(store)
+        check_predownload(predownload)
         p, o = config.packing, config.ordering
         for name, value in (("epoch", epoch), ("seq_len", p.seq_len), ("pack_window", p.window), ("stride", p.stride),
                             ("min_len", p.min_len), ("pad_id", p.pad_id), ("seed", o.seed), ("window", o.window)):
             check_bounded(name, value)
         self = cls.__new__(cls)
-        self._setup(opened, config, cache_dir, epoch)
+        self._setup(opened, config, cache_dir, epoch, predownload)
         return self
 
-    def _setup(self, store: TokenStore | SplitStore, config: PipelineConfig, cache_dir: Any, epoch: int) -> None:
+    def _setup(self, store: TokenStore | SplitStore, config: PipelineConfig, cache_dir: Any, epoch: int,
+               predownload: int | None = None) -> None:
         """Everything construction does, none of it reading a token file (sizes come from ``meta.json``).
 
         Why: a fresh process (a resume, a DataLoader worker) pays for a
@@ -223,6 +233,10 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self._file_sizes = list(store.file_document_counts)
         self._fixed_samples: int | None = None
         self._counts: dict[int, int] = {}
+        #: Samples each reader downloads ahead from a remote store (:mod:`impl.predownload`); not in the config:
+        #: it changes no sample.
+        self.predownload = predownload
+        self.reader: Reader | None = None
         self._reset_memory()
         self._check_not_empty()
 
@@ -231,6 +245,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self._plan_keys: dict[int, str] = {}
         self._plans: collections.OrderedDict[int, PackPlan] = collections.OrderedDict()
         self._orders: collections.OrderedDict[int, EpochOrder] = collections.OrderedDict()
+        self._doc_files: Any = False   # the remote store's row -> file lookup, found on first use (None: local)
+        self._ahead_memo: collections.OrderedDict[tuple[int, int], list[tuple[Any, str]]] = collections.OrderedDict()
 
     def _kept_totals(self) -> tuple[int, int] | None:
         """``(kept documents, their prepared tokens)`` from ``meta.json`` alone; None when ``min_len`` needs lengths.
@@ -307,7 +323,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_source", "_plans", "_orders"):
+        for name in ("_source", "_plans", "_orders", "_doc_files", "_ahead_memo"):
             state.pop(name, None)
         return state
 
@@ -402,6 +418,47 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                          provenance={"epoch": self._plan_epoch(epoch), "store_fingerprint": self.store.fingerprint,
                                      "config": self.config.to_json()})
 
+    # ------------------------------------------------------------ predownload (remote stores)
+
+    def set_reader(self, reader: Reader | None) -> None:
+        """Say who reads this dataset (``build_dataloader`` does): its next samples follow from each batch's keys."""
+        self.reader = reader
+
+    def check_readers(self, workers: int) -> None:
+        """Refuse a remote store's ``cache_limit`` too small for the node's ranks x ``workers`` readers."""
+        check_readers([self.store], workers)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the store is read through a remote access (so predownload has files to fetch)."""
+        if self._doc_files is False:
+            self._doc_files = store_reads(self.store)
+        return self._doc_files is not None
+
+    def reads(self, epoch: int, indices: np.ndarray) -> list[tuple[Any, str]]:
+        """``[(access, file name), ...]``: the files samples ``indices`` of epoch ``epoch`` read, in read order.
+
+        Empty for a local store. One entry per piece of each sample, in the
+        order the fill copies them.
+        """
+        return [read for row in self.sample_reads(epoch, indices) for read in row]
+
+    def sample_reads(self, epoch: int, indices: np.ndarray) -> list[list[tuple[Any, str]]]:
+        """:meth:`reads` of each sample of ``indices`` apart (a mixture interleaves its sources' samples)."""
+        if not self.remote or not len(indices):
+            return [[] for _ in range(len(indices))]
+        counts, pos, _, _ = self.plan(epoch).batch_pieces(indices)
+        docs = self.order(epoch)(pos) if len(pos) else pos
+        found = self._doc_files(docs)
+        ends = np.cumsum(counts).tolist()
+        return [found[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+    def _ahead(self, epoch: int, indices: np.ndarray) -> None:
+        """Predownload for the batch ``indices`` of ``epoch`` (:func:`impl.predownload.run_ahead`); local: nothing."""
+        if self.predownload != 0 and self.remote:
+            run_ahead(self.sample_reads, self._ahead_memo, self.reader, self.predownload, epoch, indices,
+                      self.num_samples(epoch))
+
     # ------------------------------------------------------------ samples
 
     @property
@@ -420,6 +477,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if index == PADDING:
             out = {name: row[0] for name, row in padding_rows(1, p).items()}
         else:
+            self._ahead(epoch, np.array([index], dtype=np.int64))
             out = materialize(self.plan(epoch), index, p, self.source, self.order(epoch),
                               first_document=self.first_document)
             del out["document_starts"]
@@ -440,6 +498,8 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         real = indices != PADDING
         groups = distinct_ints(epochs[real])
         out: dict[str, Any]
+        if len(groups) == 1:
+            self._ahead(groups[0], indices)
         if len(groups) <= 1:
             if groups:
                 epoch = groups[0]

@@ -80,6 +80,7 @@ from torch.utils.data import DataLoader, Dataset
 from impl.collation import collate
 from impl.errors import ConfigError, EmptyDataError, StateError, TopologyError, is_int, require
 from impl.partition import ElasticSampler, advance, steps_in_epoch
+from impl.predownload import Reader
 from reference.partition import PartitionConfig
 from reference.resume import make_state, validate_state
 
@@ -421,6 +422,12 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
     DataLoader (``timeout``, ``worker_init_fn``, ...). A dataset's
     ``check_partition(groups, batch_size)``, when it has one, may refuse the
     topology (``MixedDataset`` with a batch-composing ``batching_method``, MIX-16).
+    A dataset's ``set_reader`` (``PackedDataset``, ``MixedDataset``) is
+    told the partition and worker count, so each worker of a remote store
+    predownloads the files of its own next samples (:mod:`impl.predownload`),
+    and its ``check_readers(num_workers)`` refuses a ``cache_limit`` too
+    small for the node's ``LOCAL_WORLD_SIZE`` ranks x workers readers
+    (``CacheLimitError`` naming the bytes needed and how they were counted).
 
     >>> loader = build_dataloader(dataset, batch_size=8, num_workers=2)   # doctest: +SKIP
     >>> batch = next(iter(loader)); batch["input_ids"].shape              # doctest: +SKIP
@@ -446,6 +453,12 @@ def build_dataloader(dataset: Any, *, batch_size: int, rank: int | None = None, 
             "pass num_workers >= 1 or leave them at None/False")
     sampler = ElasticSampler(dataset, batch_size=batch_size, rank=rank, world_size=world_size,
                              replication=replication, end=end)
+    set_reader = getattr(dataset, "set_reader", None)
+    if callable(set_reader):   # predownload: each worker's next samples follow from its batch's keys
+        set_reader(Reader(partition=sampler.config, group=sampler.group, workers=num_workers))
+    check_readers = getattr(dataset, "check_readers", None)
+    if callable(check_readers):   # a remote store's cache_limit must hold every reader of the node
+        check_readers(num_workers)
     check_partition = getattr(dataset, "check_partition", None)
     if callable(check_partition):   # a mixture that composes batches (MIX-16) needs this step's size
         check_partition(sampler.config.data_parallel_size, sampler.config.batch_size)

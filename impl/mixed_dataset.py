@@ -34,6 +34,7 @@ from impl.fill import TokenSource, fill_batch
 from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.mixing import MixPlan, balance_remaining, check_distinct_sources, check_mixture_weights, mix_plan
 from impl.plan_cache import PlanCache, mix_plan_key, plan_cache_dir
+from impl.predownload import Reader, check_predownload, check_readers, mixture_reads, run_ahead
 from impl.schema import BATCH_FIELDS as FIELDS
 from impl.schema import padding_rows
 from impl.streams import check_batching, stream_plan
@@ -112,7 +113,8 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     worker reads it instead of computing it). ``cache_dir`` as
     ``PackedDataset``'s: ``None`` caches in the first source's store's
     ``.plans`` (else the user cache), a path caches there, ``False`` keeps
-    plans in memory only.
+    plans in memory only. ``predownload`` as ``PackedDataset``'s, counted
+    in the mixture's samples (each read from its source's remote store).
 
     What a weight is (MIX-19): each step draws a source with probability
     its weight over the weights of the sources it may still draw, so a
@@ -150,7 +152,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
                  end: str = "drop_last", epoch: int = 0, streams: Sequence[StreamConfig] | None = None,
                  epoch_size: int | None = None, batching_method: str = "random", global_batch_size: int | None = None,
                  device_batch_size: int | None = None, allow_repeat: bool = False,
-                 cache_dir: str | os.PathLike[str] | None | bool = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None | bool = None, predownload: int | None = None) -> None:
         require(isinstance(sources, (list, tuple)) and len(sources) >= 1, ConfigError,
                 f"sources={sources!r} must be a non-empty list of datasets")
         require(stopping in STOPPING_STRATEGIES, ConfigError,
@@ -184,6 +186,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             check_mixture_weights(self.mix_config)
         self.end = end
         self.epoch = int(epoch)
+        #: Samples each reader downloads ahead from remote stores (:mod:`impl.predownload`): the mixture's own
+        #: samples, each read from its source's store; not in the config (it changes no sample).
+        self.predownload = check_predownload(predownload)
+        self.reader: Reader | None = None
         prints = [_fingerprint_of(s, i) for i, s in enumerate(self.sources)]
         require(isinstance(allow_repeat, bool), ConfigError, f"allow_repeat={allow_repeat!r} must be True or False")
         self.allow_repeat = allow_repeat
@@ -226,6 +232,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self._doc_base = np.zeros(len(self.sources), dtype=_I64)
         self._blocks: collections.OrderedDict[tuple[int, int], tuple[_Pieces, np.ndarray]] = collections.OrderedDict()
         self._last_block: tuple[int, int] | None = None
+        self._ahead_memo: collections.OrderedDict[tuple[int, int], list[tuple[Any, str]]] = collections.OrderedDict()
         self._piece_block = PIECE_BLOCK
 
     # ------------------------------------------------------------ construction checks
@@ -268,6 +275,7 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         state["_plans"] = collections.OrderedDict()
         state["_tokens"] = None
         state["_blocks"] = collections.OrderedDict()
+        state["_ahead_memo"] = collections.OrderedDict()
         return state
 
     # ------------------------------------------------------------ plans and sizes
@@ -378,6 +386,20 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def __repr__(self) -> str:
         return (f"MixedDataset({len(self.sources)} sources, weights={self.mix_config.weights}, "
                 f"stopping={self.mix_config.stopping!r}, epoch={self.epoch})")
+
+    # ------------------------------------------------------------ predownload (remote stores)
+
+    def set_reader(self, reader: Reader | None) -> None:
+        """Say who reads this mixture (``build_dataloader`` does): its next samples follow from each batch's keys."""
+        self.reader = reader
+
+    def check_readers(self, workers: int) -> None:
+        """Refuse a remote source store's ``cache_limit`` too small for the node's ranks x ``workers`` readers."""
+        check_readers([s.store for s in self.sources if hasattr(s, "store")], workers)
+
+    def sample_reads(self, epoch: int, indices: np.ndarray) -> list[list[tuple[Any, str]]]:
+        """The files each mixed sample of ``indices`` reads, in read order (:func:`impl.predownload.mixture_reads`)."""
+        return mixture_reads(self, epoch, indices)
 
     # ------------------------------------------------------------ samples
 
@@ -517,6 +539,10 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if resolved is None:
             raise ConfigError(f"keys {keys!r} do not fit int64; pass SampleKey(epoch, index) of int64 values")
         epochs, indices = resolved
+        present = distinct_ints(epochs[indices != PADDING])
+        if len(present) == 1 and self.predownload != 0 and any(getattr(s, "remote", False) for s in self.sources):
+            run_ahead(self.sample_reads, self._ahead_memo, self.reader, self.predownload, present[0], indices,
+                      self.num_samples(present[0]))
         if self._packing is not None:
             return self._packed_batch(epochs, indices, self._packing)
         n = len(indices)

@@ -8,7 +8,9 @@ root, so the token store reads it exactly as it reads a local directory:
 cached copy. The option names are MosaicML Streaming's where the meaning is
 the same: ``remote``, ``local``, ``cache_limit`` (bytes or ``"10gb"``),
 ``download_retry`` (retries after the first attempt), ``download_timeout``
-(seconds *without progress*), ``validate_hash``.
+(seconds *without progress*), ``validate_hash``; a dataset's ``predownload``
+drives :meth:`RemoteFiles.schedule` and :meth:`RemoteFiles.predownload`
+(:mod:`impl.predownload`).
 
 What a download promises: the bytes land in a partial file of their own;
 the object's version (ETag, else size and mtime) is read before and after,
@@ -42,6 +44,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -51,12 +54,27 @@ from impl.cache import NodeCache, parse_bytes
 from impl.errors import CacheLimitError, ConfigError, DownloadError, RemoteChangedError, RemoteError
 from impl.files import FileStat
 
-__all__ = ["RemoteConfig", "RemoteFiles", "redact_url"]
+__all__ = ["RemoteConfig", "RemoteFiles", "node_ranks", "redact_url"]
 
 _CHUNK = 4 * 1024 * 1024
 _BACKOFF_S = 0.25
 _HASHES = ("md5", "sha256")
 _URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@]*@)?([^\s?#'\"]*)(\?[^\s#'\"]*)?(#[^\s'\"]*)?")
+
+
+def node_ranks() -> int:
+    """The ranks of this node, which share its cache: ``LOCAL_WORLD_SIZE`` (what torchrun sets), else 1.
+
+    >>> os.environ["LOCAL_WORLD_SIZE"] = "8"; node_ranks()   # doctest: +SKIP
+    8
+    """
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"LOCAL_WORLD_SIZE={raw!r} must be a positive integer (the ranks of this node), as "
+                          "torchrun sets it; unset it for one rank")
+    return int(raw)
 
 
 def redact_url(url: str) -> str:
@@ -180,9 +198,21 @@ class RemoteFiles:
         self._sha256: dict[str, str] = {}
         self._schedule: list[str] = []
         self._cursor = 0
-        self._lock = threading.Lock()
+        self._after_fork()
+        _LIVE.add(self)
         self.downloads = 0   # completed by this object (tests and benchmarks count them)
         self.downloaded_bytes = 0
+
+    def _after_fork(self) -> None:
+        """Fresh locks and no background thread: what a forked DataLoader worker's copy starts with.
+
+        Why: a fork copies a lock another thread of the parent held, and
+        none of the parent's threads; a worker re-creates both.
+        """
+        self._lock = threading.Lock()
+        self._ahead: list[str] = []
+        self._ahead_given: list[str] = []
+        self._ahead_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ pickling: the config, never the handles
     def __reduce__(self) -> tuple[Any, ...]:
@@ -252,6 +282,39 @@ class RemoteFiles:
     def open(self, name: str) -> BinaryIO:
         return self._cache.stream_held(self._held(name))
 
+    def read_range(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``name``: from this node's cached copy if current, else one ranged read.
+
+        Why: a plan needs a few KiB of each token file (its document
+        offsets); downloading every file whole for them would download the
+        store twice on a fresh job. A ranged read is not cached and holds no
+        room in the cache; it counts in :attr:`downloaded_bytes`. Its bytes
+        are the object's at the time of the read: the caller checks them
+        (the store by the CRC-32s of the blocks read, :meth:`impl.store_files.StoreFiles.offsets_of`).
+        """
+        st = self.stat(name)
+        if st is None:
+            raise FileNotFoundError(f"{self.where(name)} does not exist")
+        if not 0 <= start <= stop <= st.size:
+            raise ValueError(f"{self.where(name)}: bytes [{start}, {stop}) are not inside its {st.size} bytes")
+        fd = self._cache.open_held(name, st.version, st.size)
+        if fd is not None:
+            try:
+                return os.pread(fd, stop - start, start)
+            finally:
+                os.close(fd)
+
+        def attempt() -> bytes:
+            data = bytes(self._fs.cat_file(self._path(name), start=start, end=stop))
+            if len(data) != stop - start:
+                raise OSError(f"the ranged read was truncated: {len(data)} of {stop - start} bytes")
+            return data
+
+        data: bytes = self._with_retries(name, "ranged read", attempt)
+        with self._lock:
+            self.downloaded_bytes += len(data)
+        return data
+
     def glob(self, pattern: str) -> list[str]:
         """Names of the objects under the root matching ``pattern`` (fsspec's glob; ``**`` recurses), sorted.
 
@@ -274,26 +337,37 @@ class RemoteFiles:
         return names
 
     def check_room(self, token_files: Mapping[str, int], tables: tuple[str, ...] = ("meta.json", "blocks.crc32",
-                                                                                     "documents.crc32")) -> None:
-        """Refuse a ``cache_limit`` that cannot hold what one reader maps at once, naming the bytes it needs.
+                                                                                     "documents.crc32"),
+                   *, readers: int = 1, why: str = "one reader") -> None:
+        """Refuse a ``cache_limit`` that cannot hold what the node's ``readers`` map at once, naming the bytes needed.
 
-        A store maps its ``tables`` for its lifetime and up to
-        :attr:`keep_mapped` token files (``token_files``: name -> size)
-        besides, and downloads the next file while it still holds those
-        (one more file); ``TokenStore.open(url, local=...)`` calls this
-        before any token file is downloaded.
+        A store maps its ``tables`` for its lifetime (one copy for the
+        node) and up to :attr:`keep_mapped` token files (``token_files``:
+        name -> size) besides, and downloads the next file while it still
+        holds those (one more file): three files a reader. ``readers``
+        processes of the node share the cache (ranks x DataLoader workers;
+        ``why`` says how they were counted), so the node needs the tables
+        plus the ``3 x readers`` largest token files (at worst they read
+        distinct files). ``TokenStore.open(url, local=...)`` calls this with
+        the node's ranks (``LOCAL_WORLD_SIZE``) before any token file is
+        downloaded, and ``build_dataloader`` again with its workers.
+
+        >>> files.check_room({"tokens-00000.arrow": 900, "tokens-00001.arrow": 800}, readers=2)  # doctest: +SKIP
         """
         limit = self._config.cache_limit
         if limit is None:
             return
         fixed = sum(st.size for name in tables if (st := self.stat(name)) is not None)
-        largest = sorted(token_files.values(), reverse=True)[: (self.keep_mapped or 1) + 1]
+        each = (self.keep_mapped or 1) + 1
+        largest = sorted(token_files.values(), reverse=True)[: each * readers]
         needed = fixed + sum(largest)
         if needed > limit:
             raise CacheLimitError(
                 f"cache_limit is {limit} bytes but reading {redact_url(self._config.remote)} maps up to {needed} "
-                f"bytes at once ({', '.join(tables)}: {fixed} bytes, and its {len(largest)} largest token files): "
-                f"raise cache_limit to at least {needed} bytes (or pass cache_limit=None)")
+                f"bytes at once: {', '.join(tables)} ({fixed} bytes, shared by the node) and {each} token files for "
+                f"each of {readers} reader{'s' if readers > 1 else ''} ({why}), the {len(largest)} largest: "
+                f"{sum(largest)} bytes; raise cache_limit to at least {needed} bytes (or pass cache_limit=None)"
+                + ("" if readers == 1 else ", or use fewer DataLoader workers"))
 
     def refused(self, name: str) -> str:
         """Drop this node's cached copy of ``name``, which the store's checks refused, and say what to do.
@@ -366,6 +440,64 @@ class RemoteFiles:
         thread.start()
         return thread
 
+    def predownload(self, names: Sequence[str]) -> None:
+        """Download ``names`` ahead of their reads, in order, in this process's one background thread.
+
+        What a dataset's ``predownload`` does for a remote store: it calls
+        :meth:`schedule` with the files its next samples read, then this with
+        those beyond the current batch. A new call replaces the list the
+        thread works on (one naming the same files as the last does
+        nothing). A file already cached is skipped; a file is
+        downloaded only if the cache has room for it without evicting a
+        file this reader needs sooner (:meth:`NodeCache.reserve` with
+        ``ahead_of``), else the thread stops until a call names other files; so a
+        predownload never costs a read a download it would not have paid.
+        A failure ends it quietly: the reader's own read retries and raises
+        the typed error.
+
+        >>> files.schedule(["tokens-00003.arrow", "tokens-00004.arrow"])     # doctest: +SKIP
+        >>> files.predownload(["tokens-00004.arrow"])                         # doctest: +SKIP
+        """
+        with self._lock:
+            if list(names) == self._ahead_given:
+                return   # the same files as the last call (a reader inside one file): nothing new to fetch
+            self._ahead_given = list(names)
+            self._ahead = list(names)
+            if self._ahead and (self._ahead_thread is None or not self._ahead_thread.is_alive()):
+                self._ahead_thread = threading.Thread(target=self._run_ahead, name="loadspec-predownload",
+                                                      daemon=True)
+                self._ahead_thread.start()
+
+    def wait_predownload(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the background predownload to finish; ``True`` when none runs."""
+        thread = self._ahead_thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def _run_ahead(self) -> None:
+        while True:
+            with self._lock:
+                if not self._ahead:
+                    return
+                name = self._ahead.pop(0)
+            try:
+                st = self.stat(name)
+                if st is None:
+                    continue
+                rec = self._cache.record(name)
+                if rec is not None and (rec.version, rec.size) == (st.version, st.size):
+                    continue
+                if not self._fetch(name, st, ahead_of=self._next_use(name)):
+                    with self._lock:
+                        self._ahead = []
+                    return
+            except Exception:  # noqa: BLE001 - the reader's own read raises it, typed
+                with self._lock:
+                    self._ahead = []
+                return
+
     def expect_sha256(self, digests: Mapping[str, str]) -> None:
         """Record the sha256 each named file must have (checked when ``validate_hash="sha256"``)."""
         self._sha256.update(digests)
@@ -383,26 +515,33 @@ class RemoteFiles:
         raise RemoteError(f"{self.where(name)}: its cached copy kept disappearing (evicted before it could be read); "
                           "raise cache_limit")
 
-    def _fetch(self, name: str, st: FileStat) -> None:
-        """Download ``name`` into the cache unless another process of the node did while this one waited."""
+    def _fetch(self, name: str, st: FileStat, *, ahead_of: float | None = None) -> bool:
+        """Download ``name`` into the cache unless another process of the node did while this one waited.
+
+        ``ahead_of``: a predownload (:meth:`NodeCache.reserve`); ``False`` when the cache had no room for it.
+        """
         cache = self._cache
         with cache.download_lock(name) as lock_fd:
             rec = cache.record(name)
             if rec is not None and rec.version == st.version and rec.size == st.size:
                 try:
                     if os.stat(cache.data_path(name)).st_ino == rec.inode:
-                        return
+                        return True
                 except FileNotFoundError:
                     pass
-            partial = cache.reserve(name, st.size, self.where(name))
+            partial = cache.reserve(name, st.size, self.where(name), ahead_of=ahead_of)
+            if partial is None:
+                return False
             try:
                 cache.set_holder(lock_fd, partial)
                 self._with_retries(name, "download", lambda: self._download_once(name, st, partial))
                 cache.install(name, partial, st.version, st.size)
-                self.downloads += 1
-                self.downloaded_bytes += st.size
+                with self._lock:
+                    self.downloads += 1
+                    self.downloaded_bytes += st.size
             finally:
                 cache.discard(partial)
+        return True
 
     def _with_retries(self, name: str, what: str, attempt: Any) -> Any:
         tries = self._config.download_retry + 1
@@ -494,6 +633,17 @@ class RemoteFiles:
                 return   # no recorded digest for this file (meta.json, CRC tables): the store checks those itself
         if got != want:
             raise OSError(f"the body's {algo} is {got}, the object's is {want}")
+
+
+_LIVE: weakref.WeakSet[RemoteFiles] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for files in list(_LIVE):
+        files._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _rebuild(config: RemoteConfig, sha256: dict[str, str]) -> RemoteFiles:

@@ -184,7 +184,7 @@ class TokenStore:
         hold one read is refused before any token file is downloaded.
         """
         if files is None and (local is not None or remote or "://" in str(path)):
-            from impl.remote import RemoteFiles  # a remote store: fsspec and the node-local cache
+            from impl.remote import RemoteFiles, node_ranks  # a remote store: fsspec and the node-local cache
 
             if local is None:
                 raise ConfigError(f"{path} is a URL: pass a local cache directory, "
@@ -192,7 +192,9 @@ class TokenStore:
             cached = RemoteFiles(str(path), local, **remote)
             store = cls.open(path, files=cached)   # meta.json first; no token file is downloaded yet
             cached.expect_sha256({rec.name: rec.sha256 for rec in store._records})
-            cached.check_room({rec.name: rec.size for rec in store._records})
+            ranks = node_ranks()
+            cached.check_room({rec.name: rec.size for rec in store._records}, readers=ranks,
+                              why="one reader" if ranks == 1 else f"LOCAL_WORLD_SIZE={ranks} ranks of this node")
             if verify:
                 store.verify()
             return store
@@ -362,10 +364,11 @@ class TokenStore:
         """
         if self._doc_offsets is None:
             self._require_open()
-            if len(self._offsets) == 1:
-                out = self._offsets[0]
+            offsets = [self._maps.offsets_of(f) for f in range(len(self._records))]   # a remote store: by range
+            if len(offsets) == 1:
+                out = offsets[0]
             else:
-                parts = [off[:-1] + base for off, base in zip(self._offsets, self._file_token_starts)]
+                parts = [off[:-1] + base for off, base in zip(offsets, self._file_token_starts)]
                 parts.append(np.array([self.num_tokens], dtype=np.int64))
                 out = np.concatenate(parts).astype(np.int64, copy=False)
                 out.setflags(write=False)

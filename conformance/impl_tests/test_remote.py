@@ -336,3 +336,85 @@ def test_a_url_with_no_store_says_to_build_locally_and_copy_the_files_not_to_bui
     with pytest.raises(StoreNotFoundError, match="build the store locally") as refused:
         TokenStore.open(url, local=tmp_path / "cache")
     assert url in str(refused.value) and "file:/" + str(tmp_path) not in str(refused.value).replace(url, "")
+
+
+def _sequential_epoch_bytes(built: Path, cache: Path, limit: int | None) -> tuple[RemoteFiles, list[bytes]]:
+    """Every sample of a file-shuffled epoch read from ``built`` through a fresh cache: (its access, the samples)."""
+    from impl.dataset import PackedDataset
+    from impl.store import TokenStore
+
+    files = RemoteFiles(f"file://{built}", cache, cache_limit=limit)
+    store = TokenStore.open(f"file://{built}", files=files)
+    ds = PackedDataset(store, seq_len=256, shuffle="window", window=1, seed=3, cache_dir=cache.parent / "plans")
+    return files, [ds.sample(0, i)["input_ids"].tobytes() for i in range(len(ds))]
+
+
+def test_a_fresh_first_epoch_from_a_remote_store_downloads_each_token_file_about_once(tmp_path):
+    import numpy as np
+
+    from impl.store import TokenStore
+
+    rng = np.random.default_rng(5)
+    built = tmp_path / "remote"
+    TokenStore.from_token_files([[rng.integers(0, 50_000, size=int(rng.integers(200, 1800))).tolist()
+                                  for _ in range(150)] for _ in range(8)], built, vocab_size=50_000)
+    token_bytes = sum(p.stat().st_size for p in built.glob("tokens-*"))
+    sizes = sorted((p.stat().st_size for p in built.glob("tokens-*")), reverse=True)
+    limit = sum(p.stat().st_size for p in built.iterdir() if p.is_file()) - token_bytes + sum(sizes[:3])
+    files, samples = _sequential_epoch_bytes(built, tmp_path / "cache", limit)   # no plan cached: it is built
+    local = TokenStore.open(built)
+    block = local.meta["layout"]["block_bytes"]
+    offsets_blocks = 0                         # the blocks holding each file's document offsets, read by range
+    for rec in local.file_records:
+        at, n = rec.buffers["offsets"]
+        offsets_blocks += min(-(-(at + n) // block) * block, rec.size) - at // block * block
+    tables = sum(p.stat().st_size for p in built.iterdir() if p.is_file()) - token_bytes
+    assert files.downloads == 8 + 3            # the token files once each, meta.json and the two CRC tables
+    assert files.downloaded_bytes == tables + token_bytes + offsets_blocks
+    assert files.downloaded_bytes / token_bytes < 1.2   # it was about 2: every file whole for the plan, then again
+    from impl.dataset import PackedDataset
+
+    want = PackedDataset(local, seq_len=256, shuffle="window", window=1, seed=3, cache_dir=False)
+    assert samples == [want.sample(0, i)["input_ids"].tobytes() for i in range(len(want))]
+
+
+def test_a_corrupted_offsets_region_read_by_range_is_refused_before_any_entry_is_used(tmp_path):
+    from impl.errors import StoreCorruptError
+    from impl.store import TokenStore
+
+    built = TokenStore.from_token_files([[[i * 7 + j for j in range(300)] for i in range(40)] for _ in range(3)],
+                                        tmp_path / "remote", vocab_size=1000)
+    rec = built.file_records[1]
+    at, _ = rec.buffers["offsets"]
+    _flip_in_place(tmp_path / "remote" / rec.name, at + 8 * 5 + 1)     # document 5's start offset, in the object
+    files = RemoteFiles(f"file://{tmp_path / 'remote'}", tmp_path / "cache")
+    store = TokenStore.open(f"file://{tmp_path / 'remote'}", files=files)
+    with pytest.raises(StoreCorruptError, match=rf"{rec.name} changed since it was built: block \d+ .*read by range "
+                                                r"for its document offsets.*restore it from a good copy"):
+        store.lengths   # noqa: B018 - the property reads every file's offsets
+    assert not list((tmp_path / "cache").glob("tokens-*"))   # no token file was downloaded whole
+
+
+def test_a_cache_limit_too_small_for_every_rank_of_the_node_is_refused_at_open_naming_how_it_was_counted(
+        tmp_path, monkeypatch):
+    from impl.errors import ConfigError
+    from impl.store import TokenStore
+
+    built = TokenStore.from_token_files([[[i * 7 + j for j in range(100 * (f + 1))] for i in range(20)]
+                                         for f in range(6)], tmp_path / "remote", vocab_size=1000)
+    sizes = sorted((r.size for r in built.file_records), reverse=True)
+    tables = sum(p.stat().st_size for p in (tmp_path / "remote").iterdir() if p.is_file()) - sum(sizes)
+    url, limit = f"file://{tmp_path / 'remote'}", tables + sum(sizes[:3])   # one reader's tables and three files
+    TokenStore.open(url, local=tmp_path / "cache", cache_limit=limit)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")                            # two ranks of this node share it
+    needed = tables + sum(sizes[:6])
+    with pytest.raises(CacheLimitError, match=rf"maps up to {needed} bytes at once: meta.json, blocks.crc32, "
+                                              rf"documents.crc32 \({tables} bytes, shared by the node\) and 3 token "
+                                              r"files for each of 2 readers \(LOCAL_WORLD_SIZE=2 ranks of this node\)"
+                                              rf", the 6 largest: {sum(sizes[:6])} bytes; raise cache_limit to at "
+                                              rf"least {needed} bytes"):
+        TokenStore.open(url, local=tmp_path / "cache", cache_limit=limit)
+    TokenStore.open(url, local=tmp_path / "cache", cache_limit=needed)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE='0' must be a positive integer"):
+        TokenStore.open(url, local=tmp_path / "cache", cache_limit=limit)

@@ -290,6 +290,7 @@ def _cache_bytes_now(cache: Path) -> int:
 
 def _read_under_limit(url: str, endpoint: str, cache: str, limit: int, reverse: bool,
                       out: mp.Queue) -> None:   # type: ignore[type-arg]
+    os.environ["LOCAL_WORLD_SIZE"] = "2"   # two readers share each cache: open refuses a limit too small for both
     store = TokenStore.open(url, local=cache, cache_limit=limit, download_timeout=5.0,
                             storage_options=s3_options(endpoint))
     order = range(len(store) - 1, -1, -1) if reverse else range(len(store))
@@ -302,11 +303,14 @@ def _read_under_limit(url: str, endpoint: str, cache: str, limit: int, reverse: 
 
 def test_two_processes_reading_in_opposite_orders_under_a_third_of_the_store_share_the_cache_and_evict_safely(
         s3, tmp_path):
-    built = tmp_path / "eighteen"
-    TokenStore.from_token_files(_documents(3, files=18, docs=8), built, vocab_size=50_000)
-    s3.upload_dir(built, BUCKET, "eighteen")
+    built = tmp_path / "wide"
+    TokenStore.from_token_files(_documents(3, files=27, docs=8), built, vocab_size=50_000)
+    s3.upload_dir(built, BUCKET, "wide")
     limit = sum(p.stat().st_size for p in built.iterdir()) // 3
-    results = run_spawned(_read_under_limit, [(f"s3://{BUCKET}/eighteen", s3.url, str(tmp_path / "cache"), limit, reverse)
+    sizes = sorted((p.stat().st_size for p in built.glob("tokens-*")), reverse=True)
+    tables = sum(p.stat().st_size for p in built.iterdir()) - sum(sizes)
+    assert tables + sum(sizes[:6]) <= limit   # each reader maps two files and downloads a third: room for both
+    results = run_spawned(_read_under_limit, [(f"s3://{BUCKET}/wide", s3.url, str(tmp_path / "cache"), limit, reverse)
                                               for reverse in (False, True)], timeout=180)
     want = _all_documents(TokenStore.open(built))
     assert all(docs == want for _, _, docs in results)

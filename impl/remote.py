@@ -12,7 +12,7 @@ the same: ``remote``, ``local``, ``cache_limit`` (bytes or ``"10gb"``),
 drives :meth:`RemoteFiles.schedule` and :meth:`RemoteFiles.predownload`
 (:mod:`impl.predownload`).
 
-What a download promises: the bytes land in a partial file of their own;
+What a download promises (:mod:`impl.download`): the bytes land in a partial file of their own;
 the object's version (ETag, else size and mtime) is read before and after,
 and must equal the version this reader first saw (else
 :class:`~impl.errors.RemoteChangedError`: never mixed); the partial must hold
@@ -37,29 +37,34 @@ Worked example::
 
 from __future__ import annotations
 
-import hashlib
 import math
 import mmap
 import os
-import re
 import threading
-import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from impl.cache import NodeCache, parse_bytes
-from impl.errors import CacheLimitError, ConfigError, DownloadError, RemoteChangedError, RemoteError
+from impl.download import (
+    BACKOFF_S,
+    CHUNK,
+    Permanent,
+    download_to,
+    object_version,
+    redact_url,
+    scrub,
+    with_retries,
+)
+from impl.errors import CacheLimitError, ConfigError, RemoteError
 from impl.files import FileStat
 
-__all__ = ["RemoteConfig", "RemoteFiles", "node_ranks", "redact_url"]
+__all__ = ["RemoteConfig", "RemoteFiles", "node_ranks", "redact_url", "scrub"]
 
-_CHUNK = 4 * 1024 * 1024
-_BACKOFF_S = 0.25
 _HASHES = ("md5", "sha256")
-_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@]*@)?([^\s?#'\"]*)(\?[^\s#'\"]*)?(#[^\s'\"]*)?")
+
 
 
 def node_ranks() -> int:
@@ -75,52 +80,6 @@ def node_ranks() -> int:
         raise ConfigError(f"LOCAL_WORLD_SIZE={raw!r} must be a positive integer (the ranks of this node), as "
                           "torchrun sets it; unset it for one rank")
     return int(raw)
-
-
-def redact_url(url: str) -> str:
-    """``url`` without credentials: no user info, no query string or fragment (presigned signatures live there).
-
-    >>> redact_url("s3://KEY:SECRET@bucket/store?X-Amz-Signature=abc")
-    's3://bucket/store'
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if not parts.scheme:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def scrub(text: str) -> str:
-    """Every URL in ``text`` redacted (:func:`redact_url`): what error causes from client libraries pass through."""
-    return _URL.sub(lambda m: m.group(1) + m.group(3), text)
-
-
-def _version(info: Mapping[str, Any]) -> str:
-    """A remote object's version token: its ETag / generation / version id, else its size and modification time."""
-    for key in ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash"):
-        value = info.get(key)
-        if value:
-            return f"{key}:{str(value).strip(chr(34))}"
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value is not None:
-            return f"size+{key}:{info.get('size')}:{value}"
-    return f"size:{info.get('size')}"
-
-
-class _Stalled(OSError):
-    """No byte arrived for ``download_timeout`` seconds (retried like a reset)."""
-
-
-class _Permanent(Exception):
-    """Wraps an error no retry can fix (missing object, no permission, the object changed)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +151,7 @@ class RemoteFiles:
             raise ConfigError(f"{redact_url(c.remote)}: no filesystem for {protocol}:// ({scrub(str(exc))}); use a "
                               "protocol fsspec knows (s3://, gs://, az://, file://, ...)") from None
         # A wait on another process of the node is bounded by what its download may take without progress.
-        wait_s = c.download_timeout * (c.download_retry + 1) + _BACKOFF_S * 2 ** c.download_retry + 1.0
+        wait_s = c.download_timeout * (c.download_retry + 1) + BACKOFF_S * 2 ** c.download_retry + 1.0
         self._cache = NodeCache(c.local, limit=c.cache_limit, wait_s=wait_s)
         self._pins: dict[str, FileStat | None] = {}
         self._sha256: dict[str, str] = {}
@@ -265,11 +224,11 @@ class RemoteFiles:
         except FileNotFoundError:
             return None
         except PermissionError as exc:
-            raise _Permanent(RemoteError(f"{self.where(name)}: permission denied ({scrub(str(exc))}); check the "
+            raise Permanent(RemoteError(f"{self.where(name)}: permission denied ({scrub(str(exc))}); check the "
                                          "credentials in the environment or storage_options")) from None
         if info.get("type") == "directory":
             return None
-        return FileStat(size=int(info["size"]), version=_version(info))
+        return FileStat(size=int(info["size"]), version=object_version(info))
 
     def map(self, name: str) -> mmap.mmap | bytes:
         """The cached copy of ``name`` mapped read-only, downloaded first if this node has no current copy.
@@ -327,7 +286,7 @@ class RemoteFiles:
             except FileNotFoundError:
                 return []
             except PermissionError as exc:
-                raise _Permanent(RemoteError(f"{self.where(pattern)}: permission denied ({scrub(str(exc))}); check "
+                raise Permanent(RemoteError(f"{self.where(pattern)}: permission denied ({scrub(str(exc))}); check "
                                              "the credentials in the environment or storage_options")) from None
             root = self._root.rstrip("/")
             return sorted(path[len(root) + 1:] if root else path for path, info in hits.items()
@@ -544,95 +503,13 @@ class RemoteFiles:
         return True
 
     def _with_retries(self, name: str, what: str, attempt: Any) -> Any:
-        tries = self._config.download_retry + 1
-        for i in range(1, tries + 1):
-            try:
-                return attempt()
-            except _Permanent as exc:
-                raise exc.error from None
-            except (RemoteError, ConfigError):
-                raise
-            except FileNotFoundError as exc:
-                raise FileNotFoundError(f"{self.where(name)} does not exist ({scrub(str(exc))})") from None
-            except Exception as exc:  # noqa: BLE001 - transient: 5xx, resets, stalls, truncation, client errors
-                if i == tries:
-                    kind = "stalled" if isinstance(exc, _Stalled) else type(exc).__name__
-                    raise DownloadError(
-                        f"{self.where(name)}: {what} failed after {tries} attempt{'s' if tries > 1 else ''} "
-                        f"(download_retry={self._config.download_retry}); last cause: {kind}: "
-                        f"{scrub(str(exc)) or 'no message'}; retry later or raise download_retry") from None
-                time.sleep(_BACKOFF_S * 2 ** (i - 1))
-        raise AssertionError("unreachable")
+        return with_retries(self.where(name), what, self._config.download_retry, attempt)
 
     def _download_once(self, name: str, st: FileStat, partial: str) -> None:
-        now = self._stat_now(name)
-        self._same_version(name, st, now)
         c = self._config
-        digest = hashlib.new(c.validate_hash) if c.validate_hash else None
-        progress = [0, time.monotonic()]
-        box: list[BaseException | None] = []
-        cancelled = threading.Event()
-
-        def copy() -> None:
-            try:
-                with open(partial, "wb") as out, self._fs.open(self._path(name), "rb", block_size=_CHUNK,
-                                                               cache_type="none") as src:
-                    while not cancelled.is_set():
-                        chunk = src.read(_CHUNK)
-                        if not chunk:
-                            break
-                        out.write(chunk)
-                        if digest is not None:
-                            digest.update(chunk)
-                        progress[0] += len(chunk)
-                        progress[1] = time.monotonic()
-                box.append(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which re-raises it
-                box.append(exc)
-
-        worker = threading.Thread(target=copy, name=f"loadspec-download-{name}", daemon=True)
-        worker.start()
-        while True:
-            worker.join(0.05)
-            if not worker.is_alive():
-                break
-            if time.monotonic() - progress[1] > c.download_timeout:
-                cancelled.set()
-                raise _Stalled(f"no byte for {c.download_timeout:g} s after {progress[0]} of {st.size} bytes "
-                               "(download_timeout)")
-        if box and box[0] is not None:
-            raise box[0]
-        got = os.stat(partial).st_size
-        if got != st.size:
-            raise OSError(f"the body was truncated: {got} of {st.size} bytes")
-        self._same_version(name, st, self._stat_now(name))
-        if digest is not None:
-            self._check_hash(name, st, digest.hexdigest())
-
-    def _same_version(self, name: str, pinned: FileStat, now: FileStat | None) -> None:
-        if now is None:
-            raise _Permanent(RemoteChangedError(
-                f"{self.where(name)} was removed since this reader first saw it; reopen the store"))
-        if now != pinned:
-            raise _Permanent(RemoteChangedError(
-                f"{self.where(name)} changed since this reader first saw it (version {pinned.version}, "
-                f"{pinned.size} bytes; now {now.version}, {now.size} bytes): it is not mixed with what was read; "
-                "reopen the store (and rebuild if the rewrite was not meant)"))
-
-    def _check_hash(self, name: str, st: FileStat, got: str) -> None:
-        algo = self._config.validate_hash
-        if algo == "md5":
-            want = st.version.split(":", 1)[1] if ":" in st.version else ""
-            if not re.fullmatch(r"[0-9a-f]{32}", want):
-                raise _Permanent(ConfigError(
-                    f"{self.where(name)}: validate_hash='md5' needs the object's ETag to be its MD5, but it is "
-                    f"{want!r} (a multipart upload?); use validate_hash='sha256' with a store, or None"))
-        else:
-            want = self._sha256.get(name, "")
-            if not want:
-                return   # no recorded digest for this file (meta.json, CRC tables): the store checks those itself
-        if got != want:
-            raise OSError(f"the body's {algo} is {got}, the object's is {want}")
+        download_to(partial, lambda: self._fs.open(self._path(name), "rb", block_size=CHUNK, cache_type="none"), st,
+                    lambda: self._stat_now(name), where=self.where(name), timeout=c.download_timeout,
+                    validate_hash=c.validate_hash, sha256=self._sha256.get(name))
 
 
 _LIVE: weakref.WeakSet[RemoteFiles] = weakref.WeakSet()

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["demand_zero", "distinct", "distinct_ints", "exclusive_cumsum", "groups", "ranges"]
+__all__ = ["demand_zero", "demand_zero_rows", "distinct", "distinct_ints", "exclusive_cumsum", "groups", "ranges"]
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -69,6 +69,24 @@ def demand_zero(nbytes: int) -> mmap.mmap:
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return buf
+
+
+def demand_zero_rows(n: int) -> np.ndarray:
+    """An ``n x 2`` int64 table of zeros whose pages are zeroed by the kernel as they are first touched.
+
+    Why not ``np.zeros``/``np.empty``: numpy advises allocations of 4 MB and
+    more into 2 MiB huge pages, each zeroed whole on its first write, so the
+    few dozen scattered rows a fresh resume's first batch writes would each
+    zero a whole huge page; here each costs one 4 KiB page.
+
+    >>> t = demand_zero_rows(3)
+    >>> t[1] = (5, 7)
+    >>> t.tolist()
+    [[0, 0], [5, 7], [0, 0]]
+    """
+    if n == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.frombuffer(demand_zero(n * 16), dtype=np.int64).reshape(n, 2)
 
 
 def exclusive_cumsum(values: np.ndarray) -> np.ndarray:

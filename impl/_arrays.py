@@ -136,8 +136,8 @@ def copy_runs(values: Sequence[np.ndarray], files: np.ndarray, starts: np.ndarra
               tail: np.ndarray | None, *, slices: bool) -> np.ndarray:
     """Copy ``values[files[r]][starts[r]:stops[r]]`` to ``out[dest[r]:]`` (a ``dest`` past ``out``: into ``tail``).
 
-    ``by_file`` is :func:`groups` of ``files``; ``slices`` copies one slice per run, else one fancy index per
-    file (faster for many tiny runs).
+    ``by_file`` is :func:`groups` of ``files`` (not read with ``slices``: pass ``[]``); ``slices`` copies one
+    slice per run, else one fancy index per file (faster for many tiny runs).
 
     >>> out, tail = np.zeros(3, np.int64), np.zeros(1, np.int64)
     >>> f, a, b, d = np.array([0, 1]), np.array([1, 0]), np.array([3, 2]), np.array([0, 2])

@@ -511,6 +511,9 @@ class TokenStore:
         if not fl.shape == lo.shape == hi.shape:
             raise ValueError(f"files, starts and stops differ in length ({fl.size}, {lo.size}, {hi.size})")
         widths = hi - lo
+        if fl.size and int(widths.min()) < 0:
+            r = int(np.argmin(widths))
+            raise ValueError(f"run {r} stops before it starts ({int(lo[r])} > {int(hi[r])}); pass stops >= starts")
         if out is None:
             at = np.zeros(len(widths) + 1, dtype=np.int64)
             np.cumsum(widths, out=at[1:])
@@ -520,24 +523,24 @@ class TokenStore:
         if not fl.size:
             return out
         self._require_open()
-        if fl.size and (int(fl.min()) < 0 or int(fl.max()) >= len(self._records)):
+        if int(fl.view(np.uint64).max()) >= len(self._records):   # a negative file reads as a huge one
             raise IndexError(f"file out of range for a store of {len(self._records)} files")
-        by_file = groups(fl)
+        checks = self._checks
         if docs is None or self._version < 4:
             self.check_blocks_batch(fl, lo, hi)
-        elif not self._checks.all_verified:
+        elif not checks.all_verified:
             dl = np.asarray(docs, dtype=np.int64).reshape(-1)
-            if fl.size <= 64:   # a batch's few runs: checked in Python
-                self._checks.check_few_document_runs(fl, lo, hi, dl)
-            else:
-                self._checks.check_document_runs(by_file, lo, hi, dl)
-        mapped = self._mapped
-        values = [None if m is None else m[0] for m in mapped]
+            if dl.shape != fl.shape:
+                raise ValueError(f"docs and files differ in length ({dl.size} and {fl.size})")
+            if not checks.runs_verified(fl, lo, hi, dl):   # one numpy test; a run outside a verified document:
+                checks.check_document_runs(fl, lo, hi, dl)  # its document verified, else its blocks
+        values = [None if m is None else m[0] for m in self._mapped]
+        slices = int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths)
+        by_file = [] if slices and all(v is not None for v in values) else groups(fl)   # slices need no grouping
         for f, _ in by_file:
             if values[f] is None:
                 values[f] = self._map(f)[0]
-        return copy_runs(values, fl, lo, hi, by_file, out, dest, tail,  # type: ignore[arg-type]
-                         slices=int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths))
+        return copy_runs(values, fl, lo, hi, by_file, out, dest, tail, slices=slices)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ integrity (impl.integrity)
 

@@ -431,10 +431,10 @@ class Integrity:
         True
         """
         table = self.readable
-        if table is None or not bool((docs.view(np.uint64) < self._doc_counts[fl]).all()):
+        if table is None:
             return False
-        rows = table[self._doc_starts[fl] + docs]
-        return bool(((rows[:, 0] <= lo) & (hi <= rows[:, 1])).all())
+        rows = table.take(self._doc_starts[fl] + docs, axis=0, mode="clip")   # a document out of range: masked
+        return bool(((docs.view(np.uint64) < self._doc_counts[fl]) & (rows[:, 0] <= lo) & (hi <= rows[:, 1])).all())
 
     def check_document_runs(self, fl: np.ndarray, lo: np.ndarray, hi: np.ndarray, docs: np.ndarray) -> None:
         """Format 4: verify what the runs read that :meth:`runs_verified` did not find verified.

@@ -17,7 +17,8 @@ is the one checked read that the store's own accessors, the fill, splits
 and mixtures use.
 
 Who owns what: :mod:`impl.store_format` what is on disk (the layout,
-``meta.json``, the CRC tables, the fingerprint); :mod:`impl.store_files` how
+``meta.json``, the CRC tables, the fingerprint); :mod:`impl.store_open`
+finding a store and refusing what is not one; :mod:`impl.store_files` how
 a token file is mapped (through the seam of :mod:`impl.files`) and checked
 against its record; :mod:`impl.integrity` the block and document checks;
 :mod:`impl.build` writing and publishing a store; this module reading it.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import operator
 import os
 from collections.abc import Iterator, Sequence
@@ -40,10 +40,8 @@ from impl._arrays import SLICE_MIN_WIDTH, copy_runs, groups
 from impl.encoding import TokenizerInfo
 from impl.errors import (
     REBUILD_HINT,
-    ConfigError,
     SourceError,
     StoreCorruptError,
-    StoreNotFoundError,
 )
 from impl.files import FileAccess, LocalFiles
 from impl.store_files import FileViews, StoreFiles
@@ -65,8 +63,8 @@ from impl.store_format import (
     hash_file_blocks,
     quick_signature,
     sha256_file,
-    validate_meta,
 )
+from impl.store_open import open_store
 
 __all__ = [
     "BLOCK_BYTES",
@@ -183,53 +181,7 @@ class TokenStore:
         ``validate_hash``, ``storage_options``); a ``cache_limit`` that cannot
         hold one read is refused before any token file is downloaded.
         """
-        if files is None and (local is not None or remote or "://" in str(path)):
-            from impl.remote import RemoteFiles  # a remote store: fsspec and the node-local cache
-
-            if local is None:
-                raise ConfigError(f"{path} is a URL: pass a local cache directory, "
-                                  f"TokenStore.open({str(path)!r}, local='/local_disk/cache')")
-            cached = RemoteFiles(str(path), local, **remote)
-            store = cls.open(path, files=cached)   # meta.json first; no token file is downloaded yet
-            cached.expect_sha256({rec.name: rec.sha256 for rec in store._records})
-            cached.check_room({rec.name: rec.size for rec in store._records})
-            if verify:
-                store.verify()
-            return store
-        root = Path(path)
-        name = str(path) if "://" in str(path) else str(root)   # how messages name it: Path() would fold a URL's //
-        access: FileAccess = LocalFiles(root) if files is None else files
-        try:
-            raw = bytes(access.map(META_FILE))   # the directory is looked at only when this fails (a resume opens a store)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            local = Path(access.root) if isinstance(access, LocalFiles) else None
-            if local is not None and not local.exists():
-                raise StoreNotFoundError(
-                    f"no token store at {root}: the directory does not exist; build it with "
-                    f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
-                ) from None
-            if local is not None and not local.is_dir():
-                raise StoreNotFoundError(
-                    f"{root} is a file, not a token store directory; pass the store's directory") from None
-            if local is None:   # a remote store: built locally, then copied there
-                raise StoreNotFoundError(
-                    f"{access.where('')} has no {META_FILE}: it is not a token store (or its upload never finished); "
-                    "build the store locally with TokenStore.build(source, tokenizer, out_dir) and copy every file "
-                    f"of out_dir there, {META_FILE} last"
-                ) from None
-            raise StoreNotFoundError(
-                f"{root} has no {META_FILE}: it is not a token store (or its build never finished); build it with "
-                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
-            ) from None
-        try:
-            meta = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreCorruptError(f"{access.where(META_FILE)} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
-        validate_meta(name, meta)
-        store = cls(root, meta, access, name=name)
-        if verify:
-            store.verify()
-        return store
+        return open_store(cls, path, verify=verify, files=files, local=local, **remote)
 
     @classmethod
     def build(

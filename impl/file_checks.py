@@ -36,7 +36,7 @@ class FileChecks:
     one byte per document whose CRC passed (a slice of the store's
     demand-zero map) and ``documents_left`` about how many have not.
     ``readable`` (format 4) is the file's rows of the store's table of what
-    may be read without a further check (``Integrity.readable``): row ``d``
+    may be read without a further check (:mod:`impl.readable`): row ``d``
     the file-local tokens ``[start, stop)`` of document ``d`` once it is
     verified, ``(0, 0)`` before.
     """

@@ -31,6 +31,7 @@ from impl._arrays import distinct, distinct_ints
 from impl._crc import crc32
 from impl.errors import REBUILD_HINT, StoreCorruptError
 from impl.file_checks import FileChecks
+from impl.readable import Readable
 from impl.store_format import DOCUMENT_TABLE, META_FILE, OFFSET_BYTES, FileRecord
 
 __all__ = ["FileChecks", "Integrity"]
@@ -53,13 +54,10 @@ class Integrity:
     store, held weakly so that a dropped store is freed, and its files
     unmapped, at once); ``require_open()`` refuses a closed store.
     ``all_verified`` says every file's every byte readers use is verified
-    (then a batch's check is one attribute test). ``readable`` (format 4,
-    made when the first file maps) is one row per document of the store:
-    the file-local tokens ``[start, stop)`` that may be read without a
-    further check, its bounds once the document is verified (its CRC-32, or
-    its offsets and tokens' blocks), the whole file once the file is
-    complete, ``(0, 0)`` before: :meth:`runs_verified` tests a batch's runs
-    against it in one numpy pass.
+    (then a batch's check is one attribute test). ``readable``
+    (:mod:`impl.readable`, format 4) holds what each verified document lets
+    a reader copy unchecked: a batch's runs are tested against it in one
+    numpy pass.
     """
 
     def __init__(self, records: list[FileRecord], file_doc_starts: list[int], where: Callable[[str], str],
@@ -74,9 +72,7 @@ class Integrity:
         self.mapped = mapped
         self.files: list[FileChecks | None] = [None] * len(records)
         self.all_verified = False
-        self.readable: np.ndarray | None = None
-        self._doc_starts = np.asarray(file_doc_starts[:-1], dtype=np.int64)
-        self._doc_counts = np.asarray([r.num_documents for r in records], dtype=np.uint64)
+        self.readable = Readable(file_doc_starts)
         self._map_file = weakref.WeakMethod(map_file)
         self._require_open = weakref.WeakMethod(require_open)
 
@@ -94,7 +90,7 @@ class Integrity:
         """The store closed or reset: no file is tracked (and none counts as verified)."""
         self.files[:] = [None] * len(self.files)
         self.all_verified = False
-        self.readable = None
+        self.readable.forget()
 
 
     def _recorded_crc(self, rec: FileRecord, blocks: FileChecks, b: int) -> int:
@@ -418,54 +414,27 @@ class Integrity:
         if lo >= 0:
             self._first_read(f, blocks, lo, hi)
 
-    def runs_verified(self, fl: np.ndarray, lo: np.ndarray, hi: np.ndarray, docs: np.ndarray) -> bool:
-        """Format 4: does every run ``[lo[r], hi[r])`` of file ``fl[r]`` lie inside what :attr:`readable` allows for its document ``docs[r]``?
-
-        One numpy pass over the runs, no Python per run or per file: the
-        check of a batch whose documents this store object has verified
-        (each when it was located, ``document_bounds_batch``). False sends
-        the runs to :meth:`check_document_runs` (which also refuses a
-        document out of its file's range); int64 arrays of equal length.
-
-        >>> checks.runs_verified(np.array([0]), np.array([9]), np.array([13]), np.array([3]))   # doctest: +SKIP
-        True
-        """
-        table = self.readable
-        if table is None:
-            return False
-        rows = table.take(self._doc_starts[fl] + docs, axis=0, mode="clip")   # a document out of range: masked
-        return bool(((docs.view(np.uint64) < self._doc_counts[fl]) & (rows[:, 0] <= lo) & (hi <= rows[:, 1])).all())
-
     def check_document_runs(self, fl: np.ndarray, lo: np.ndarray, hi: np.ndarray, docs: np.ndarray) -> None:
-        """Format 4: verify what the runs read that :meth:`runs_verified` did not find verified.
+        """Format 4: verify what the runs read that :attr:`readable` does not admit (``TokenStore.read_runs``' fallback).
 
-        The documents of the runs outside :attr:`readable` are verified
-        (:meth:`document_bounds_batch`: by their CRC-32, or by their offsets'
-        and tokens' blocks, each recording its row); a run still outside its
-        document's bounds (a caller's run that crosses documents) has its
-        blocks checked. A document out of its file's range is an IndexError.
+        The documents of those runs are verified (:meth:`document_bounds_batch`:
+        by their CRC-32, or by their offsets' and tokens' blocks, each
+        writing its row); a run still outside its document's bounds (a
+        caller's run that crosses documents) has its blocks checked. A
+        document out of its file's range is an IndexError.
         """
-        counts = self._doc_counts[fl]
-        bad = np.flatnonzero(docs.view(np.uint64) >= counts)
-        if bad.size:
-            f = int(fl[bad[0]])
+        bad = self.readable.out_of_range(fl, docs)
+        if bad is not None:
+            f = int(fl[bad])
             raise IndexError(f"document out of range for file {f} of {self.records[f].num_documents} documents")
-        outside = self._outside(fl, lo, hi, docs)
+        outside = self.readable.outside(fl, lo, hi, docs)
         if not outside.any():
             return
         fl, lo, hi, docs = fl[outside], lo[outside], hi[outside], docs[outside]
         self.document_bounds_batch(fl, docs)
-        still = self._outside(fl, lo, hi, docs)
+        still = self.readable.outside(fl, lo, hi, docs)
         if still.any():
             self.check_blocks_batch(fl[still], lo[still], hi[still])
-
-    def _outside(self, fl: np.ndarray, lo: np.ndarray, hi: np.ndarray, docs: np.ndarray) -> np.ndarray:
-        """Which runs :attr:`readable` does not allow (documents in range)."""
-        if self.readable is None:
-            return np.ones(fl.size, dtype=bool)
-        rows = self.readable[self._doc_starts[fl] + docs]
-        outside: np.ndarray = (rows[:, 0] > lo) | (hi > rows[:, 1])
-        return outside
 
     # ------------------------------------------------------------ integrity
 

@@ -484,7 +484,7 @@ class TokenStore:
             dl = np.asarray(docs, dtype=np.int64).reshape(-1)
             if dl.shape != fl.shape:
                 raise ValueError(f"docs and files differ in length ({dl.size} and {fl.size})")
-            if not checks.runs_verified(fl, lo, hi, dl):   # one numpy test; a run outside a verified document:
+            if not checks.readable.allows(fl, lo, hi, dl):   # one numpy test; a run outside a verified document:
                 checks.check_document_runs(fl, lo, hi, dl)  # its document verified, else its blocks
         values = [None if m is None else m[0] for m in self._mapped]
         slices = int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from impl._arrays import demand_zero, demand_zero_rows
+from impl._arrays import demand_zero
 from impl.errors import REBUILD_HINT, LoadspecError, StoreCorruptError, StoreError
 from impl.file_checks import FileChecks
 from impl.files import FileAccess
@@ -228,9 +228,8 @@ class StoreFiles:
                 documents = self.crc_table(DOCUMENT_TABLE, self.n)[a:b]
                 if self.documents_verified is None:
                     self.documents_verified = demand_zero(self.n)
-                    self.checks.readable = demand_zero_rows(self.n)
                 verified = memoryview(self.documents_verified)[a:b]
-                readable = None if self.checks.readable is None else self.checks.readable[a:b]
+                readable = self.checks.readable.rows(a, b)
         return FileChecks(data, values_at, self.dtype.itemsize, self.block_bytes, rec.block_crc32 or "", offsets_at,
                           recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * OFFSET_BYTES,
                           documents, verified, readable)

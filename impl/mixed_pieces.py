@@ -11,9 +11,10 @@ mixed samples, which a sequential reader's next batches are a slice of.
 Worked example (two sources; mixed samples 0 and 1 of epoch 0, whose plan
 names sample 0 of source 1 and sample 0 of source 0)::
 
-    pieces = MixedPieces([web, code]).batch(np.array([0, 0]), np.array([0, 1]), mixed.plan)
+    found = MixedPieces([web, code])
+    pieces = found.batch(np.array([0, 0]), np.array([0, 1]), mixed.plan)
     pieces.source.tolist(), pieces.item.tolist()        # ([1, 0], [0, 0])
-    fill_batch(pieces.counts, pieces.docs, pieces.starts, pieces.stops, packing, MixedPieces.tokens, ...)
+    fill_batch(pieces.counts, pieces.docs, pieces.starts, pieces.stops, packing, found.tokens, ...)
 """
 
 from __future__ import annotations

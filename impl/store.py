@@ -442,11 +442,12 @@ class TokenStore:
                   ) -> np.ndarray:
         """The store's one checked read of many runs: tokens ``[starts[r], stops[r])`` of file ``files[r]``, verified.
 
-        Every token copied was verified first, whoever calls: runs whose
-        document ``docs[r]`` (file-local, format 4) this store object has
-        verified by its own CRC-32 and that lie inside that document's
-        bounds need no further check; any other run has its blocks checked
-        (:meth:`check_blocks_batch`). Without ``out`` the runs are returned
+        Every token copied was verified first, whoever calls: runs inside
+        a document ``docs[r]`` (file-local, format 4) this store object
+        verified (its CRC-32, or its blocks) pass one numpy test a batch
+        (:mod:`impl.readable`); other runs' documents are verified first,
+        and runs outside them, or without ``docs``, have their blocks
+        checked (:meth:`check_blocks_batch`). Without ``out`` the runs are returned
         concatenated (the store's dtype); with it, run ``r`` is copied to
         ``out[dest[r]:]`` and the call returns ``out``, where a ``dest`` at or
         past ``len(out)`` addresses ``tail`` instead (at ``dest - len(out)``):

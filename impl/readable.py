@@ -46,20 +46,21 @@ class Readable:
     ``docs``.
     """
 
-    __slots__ = ("_counts", "_n", "_starts", "table")
+    __slots__ = ("_counts", "_file_doc_starts", "_starts", "table")
 
     def __init__(self, file_doc_starts: Sequence[int]) -> None:
-        starts = np.asarray(file_doc_starts, dtype=np.int64)
-        self._starts = starts[:-1]
-        self._counts = (starts[1:] - starts[:-1]).astype(np.uint64)
-        self._n = int(starts[-1])
+        self._file_doc_starts = file_doc_starts   # as arrays when the table is made (opening a store stays cheap)
+        self._starts = self._counts = np.zeros(0, dtype=np.int64)
         #: One ``(start, stop)`` row per document of the store; None until a file's checks ask for their rows.
         self.table: np.ndarray | None = None
 
     def rows(self, first: int, stop: int) -> np.ndarray:
         """Rows ``first .. stop - 1`` (a file's documents), a view written in place; the table is made on first use."""
         if self.table is None:
-            self.table = demand_zero_rows(self._n)
+            starts = np.asarray(self._file_doc_starts, dtype=np.int64)
+            self._starts = starts[:-1]
+            self._counts = (starts[1:] - starts[:-1]).astype(np.uint64)
+            self.table = demand_zero_rows(int(starts[-1]))
         return self.table[first:stop]
 
     def forget(self) -> None:
@@ -84,5 +85,6 @@ class Readable:
 
     def out_of_range(self, fl: np.ndarray, docs: np.ndarray) -> int | None:
         """The first run whose document is not one of its file's, or None."""
-        bad = np.flatnonzero(docs.view(np.uint64) >= self._counts[fl])
+        starts = np.asarray(self._file_doc_starts, dtype=np.int64)
+        bad = np.flatnonzero(docs.view(np.uint64) >= (starts[1:] - starts[:-1]).astype(np.uint64)[fl])
         return int(bad[0]) if bad.size else None

@@ -489,8 +489,8 @@ class TokenStore:
                 checks.check_document_runs(fl, lo, hi, dl)  # its document verified, else its blocks
         values = [None if m is None else m[0] for m in self._mapped]
         slices = int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths)
-        by_file = [] if slices and all(v is not None for v in values) else groups(fl)   # slices need no grouping
-        for f, _ in by_file:
+        by_file = [] if slices else groups(fl)   # one slice per run needs no grouping by file
+        for f in set(fl.tolist()) if slices else (g for g, _ in by_file):
             if values[f] is None:
                 values[f] = self._map(f)[0]
         return copy_runs(values, fl, lo, hi, by_file, out, dest, tail, slices=slices)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["demand_zero", "distinct", "distinct_ints", "exclusive_cumsum", "groups", "ranges"]
+__all__ = ["demand_zero", "demand_zero_rows", "distinct", "distinct_ints", "exclusive_cumsum", "groups", "ranges"]
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -71,6 +71,24 @@ def demand_zero(nbytes: int) -> mmap.mmap:
     return buf
 
 
+def demand_zero_rows(n: int) -> np.ndarray:
+    """An ``n x 2`` int64 table of zeros whose pages are zeroed by the kernel as they are first touched.
+
+    Why not ``np.zeros``/``np.empty``: numpy advises allocations of 4 MB and
+    more into 2 MiB huge pages, each zeroed whole on its first write, so the
+    few dozen scattered rows a fresh resume's first batch writes would each
+    zero a whole huge page; here each costs one 4 KiB page.
+
+    >>> t = demand_zero_rows(3)
+    >>> t[1] = (5, 7)
+    >>> t.tolist()
+    [[0, 0], [5, 7], [0, 0]]
+    """
+    if n == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.frombuffer(demand_zero(n * 16), dtype=np.int64).reshape(n, 2)
+
+
 def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
     """``[0, v0, v0 + v1, ...]``: length ``len(values) + 1``, int64."""
     out = np.zeros(len(values) + 1, dtype=np.int64)
@@ -118,8 +136,8 @@ def copy_runs(values: Sequence[np.ndarray], files: np.ndarray, starts: np.ndarra
               tail: np.ndarray | None, *, slices: bool) -> np.ndarray:
     """Copy ``values[files[r]][starts[r]:stops[r]]`` to ``out[dest[r]:]`` (a ``dest`` past ``out``: into ``tail``).
 
-    ``by_file`` is :func:`groups` of ``files``; ``slices`` copies one slice per run, else one fancy index per
-    file (faster for many tiny runs).
+    ``by_file`` is :func:`groups` of ``files`` (not read with ``slices``: pass ``[]``); ``slices`` copies one
+    slice per run, else one fancy index per file (faster for many tiny runs).
 
     >>> out, tail = np.zeros(3, np.int64), np.zeros(1, np.int64)
     >>> f, a, b, d = np.array([0, 1]), np.array([1, 0]), np.array([3, 2]), np.array([0, 2])

@@ -35,16 +35,21 @@ class FileChecks:
     is the file's slice of the document table (format 4), ``documents_verified``
     one byte per document whose CRC passed (a slice of the store's
     demand-zero map) and ``documents_left`` about how many have not.
+    ``readable`` (format 4) is the file's rows of the store's table of what
+    may be read without a further check (:mod:`impl.readable`): row ``d``
+    the file-local tokens ``[start, stop)`` of document ``d`` once it is
+    verified, ``(0, 0)`` before.
     """
 
     __slots__ = ("base", "block", "complete", "count", "data", "documents", "documents_left", "documents_verified",
                  "frontier", "hex",
-                 "itemsize", "left", "lock", "offsets_at", "offsets_blocks", "offsets_done", "read_ahead", "recorded",
-                 "size", "streak", "verified", "verified_np")
+                 "itemsize", "left", "lock", "offsets_at", "offsets_blocks", "offsets_done", "read_ahead", "readable",
+                 "recorded", "size", "streak", "verified", "verified_np")
 
     def __init__(self, data: memoryview, base: int, itemsize: int, block: int, crc_hex: str, offsets_at: int,
                  recorded: np.ndarray | None = None, offsets_bytes: int = 0,
-                 documents: np.ndarray | None = None, documents_verified: memoryview | None = None) -> None:
+                 documents: np.ndarray | None = None, documents_verified: memoryview | None = None,
+                 readable: np.ndarray | None = None) -> None:
         self.data = data
         self.size = len(data)
         self.base = base
@@ -68,6 +73,7 @@ class FileChecks:
         self.documents = documents
         self.documents_verified = memoryview(bytearray()) if documents_verified is None else documents_verified
         self.documents_left = len(self.documents_verified)
+        self.readable = readable
 
     def reset(self) -> None:
         """Forget every verification (``verify`` checks every block again)."""
@@ -75,6 +81,9 @@ class FileChecks:
             self.verified_np[:] = False
             self.documents_verified[:] = bytes(len(self.documents_verified))
             self.documents_left = len(self.documents_verified)
+            if self.readable is not None:
+                self.readable[:, 1] = 0   # the stops first: a row (start, 0) admits no run
+                self.readable[:, 0] = 0
             self.left = self.count
             self.complete = self.offsets_done = self.count == 0
             self.frontier = -1

@@ -87,13 +87,15 @@ class LocalFiles:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self._root = os.fspath(root)
+        self._prefix = os.path.join(self._root, "") if self._root else ""   # opening a store names ~files + 3 paths
 
     @property
     def root(self) -> str:
         return self._root
 
     def _path(self, name: str) -> str:
-        return os.path.join(self._root, name) if self._root else name
+        """``os.path.join(root, name)`` (``name`` when there is no root or ``name`` is absolute)."""
+        return self._prefix + name if self._root and not name.startswith(os.sep) else name
 
     def where(self, name: str) -> str:
         return self._path(name)

@@ -43,7 +43,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from impl._arrays import SLICE_MIN_WIDTH, copy_runs, demand_zero, distinct_ints, exclusive_cumsum, ranges
+from impl._arrays import SLICE_MIN_WIDTH, copy_runs, demand_zero_rows, distinct_ints, exclusive_cumsum, ranges
 from impl._arrays import groups as _groups
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, require
@@ -123,7 +123,7 @@ class TokenSource:
                 "a TokenSource needs load, or read and bounds (a store's read_runs and document_bounds_batch)")
         self._read = read
         self._files: list[tuple[np.ndarray, np.ndarray] | None] = [None] * (len(starts) - 1)
-        self._located = _demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
+        self._located = demand_zero_rows(int(starts[-1]))  # row d: (start, length + 1); 0 = not located yet
         self._untouched = True                               # no locate yet: the first is answered without the table
 
     @classmethod
@@ -310,24 +310,6 @@ class TokenSource:
         values = [_NO_TOKENS if got is None else got[0] for got in self._files]
         copy_runs(values, files, starts, stops, groups, out, dest, tail,
                   slices=int((stops - starts).sum()) >= SLICE_MIN_WIDTH * len(files))
-
-def _demand_zero_rows(n: int) -> np.ndarray:
-    """An ``n x 2`` int64 table of zeros whose pages are zeroed by the kernel as they are first touched.
-
-    Why not ``np.zeros``/``np.empty``: numpy advises allocations of 4 MB and
-    more into 2 MiB huge pages, each zeroed whole on its first write, so the
-    few dozen scattered rows a fresh resume's first batch writes would each
-    zero a whole huge page; here each costs one 4 KiB page.
-
-    >>> t = _demand_zero_rows(3)
-    >>> t[1] = (5, 7)
-    >>> t.tolist()
-    [[0, 0], [5, 7], [0, 0]]
-    """
-    if n == 0:
-        return np.zeros((0, 2), dtype=_I64)
-    return np.frombuffer(demand_zero(n * 16), dtype=_I64).reshape(n, 2)
-
 
 # ------------------------------------------------------------------ the fill
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
-from impl._arrays import distinct, distinct_ints, groups
+from impl._arrays import distinct, distinct_ints
 from impl._crc import crc32
 from impl.errors import REBUILD_HINT, StoreCorruptError
 from impl.file_checks import FileChecks
+from impl.readable import Readable
 from impl.store_format import DOCUMENT_TABLE, META_FILE, OFFSET_BYTES, FileRecord
 
 __all__ = ["FileChecks", "Integrity"]
@@ -54,7 +54,10 @@ class Integrity:
     store, held weakly so that a dropped store is freed, and its files
     unmapped, at once); ``require_open()`` refuses a closed store.
     ``all_verified`` says every file's every byte readers use is verified
-    (then a batch's check is one attribute test).
+    (then a batch's check is one attribute test). ``readable``
+    (:mod:`impl.readable`, format 4) holds what each verified document lets
+    a reader copy unchecked: a batch's runs are tested against it in one
+    numpy pass.
     """
 
     def __init__(self, records: list[FileRecord], file_doc_starts: list[int], where: Callable[[str], str],
@@ -69,6 +72,7 @@ class Integrity:
         self.mapped = mapped
         self.files: list[FileChecks | None] = [None] * len(records)
         self.all_verified = False
+        self.readable = Readable(file_doc_starts)
         self._map_file = weakref.WeakMethod(map_file)
         self._require_open = weakref.WeakMethod(require_open)
 
@@ -86,6 +90,7 @@ class Integrity:
         """The store closed or reset: no file is tracked (and none counts as verified)."""
         self.files[:] = [None] * len(self.files)
         self.all_verified = False
+        self.readable.forget()
 
 
     def _recorded_crc(self, rec: FileRecord, blocks: FileChecks, b: int) -> int:
@@ -195,6 +200,9 @@ class Integrity:
             first = (blocks.base + offsets.item(first_doc) * item) // block
             if blocks.verified.find(0, first, (blocks.base + offsets.item(last_doc + 1) * item - 1) // block + 1) >= 0:
                 self.check_blocks(f, starts, stops)
+            if blocks.readable is not None:   # offsets and tokens verified: runs inside them need no check
+                blocks.readable[local, 0] = starts   # the starts first: a row (start, 0) admits no run
+                blocks.readable[local, 1] = stops
         return starts.astype(np.int64, copy=False), stops - starts
 
     def document_bounds_batch(self, files: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -286,7 +294,7 @@ class Integrity:
                 b = verified.find(0, b + 1, hi + 1)
             blocks.left = left
             if not left:
-                self._file_verified(blocks)
+                self._file_verified(rec, blocks)
 
     def _verify_blocks(self, rec: FileRecord, blocks: FileChecks, todo: Iterable[int]) -> None:
         """:meth:`_verify_span` of each block of ``todo``, in order."""
@@ -334,14 +342,20 @@ class Integrity:
             crc = crc32(blocks.data[at:at + (b - a) * blocks.itemsize])
             if crc != blocks.documents.item(d):
                 raise self._changed_document(f, blocks, d, a, b, crc)
+            if blocks.readable is not None:
+                blocks.readable[d, 0] = a   # the start first: a row (start, 0) admits no run
+                blocks.readable[d, 1] = b
             blocks.documents_verified[d] = 1
             blocks.documents_left -= 1
             if blocks.documents_left <= 0 and blocks.documents_verified.tobytes().find(0) < 0:
-                self._file_verified(blocks)  # every document passed (a scan confirms the unlocked count)
+                self._file_verified(self.records[f], blocks)  # every document passed (a scan confirms the count)
 
-    def _file_verified(self, blocks: FileChecks) -> None:
+    def _file_verified(self, rec: FileRecord, blocks: FileChecks) -> None:
         """Every byte of a file that readers use is verified: its reads skip every check from now on."""
         blocks.complete = True
+        if blocks.readable is not None:   # any run of its tokens may be read
+            blocks.readable[:, 0] = 0
+            blocks.readable[:, 1] = rec.num_tokens
         self.all_verified = all(other is not None and other.complete for other in self.files)
 
     def _changed_document(self, f: int, blocks: FileChecks, d: int, a: int, b: int, crc: int) -> StoreCorruptError:
@@ -400,56 +414,27 @@ class Integrity:
         if lo >= 0:
             self._first_read(f, blocks, lo, hi)
 
-    def check_few_document_runs(self, fl: np.ndarray, lo: np.ndarray, hi: np.ndarray, docs: np.ndarray) -> None:
-        """:meth:`check_document_runs` of a batch's few runs, in Python (numpy's per-call cost is more there)."""
-        blocks_of, records = self.files, self.records
-        pending: list[tuple[int, int, int, int]] = []
-        seen: dict[int, tuple[Any, Any, int] | None] = {}   # per file: (verified bytes, offsets, documents) or None
-        for f, d, a, b in zip(fl.tolist(), docs.tolist(), lo.tolist(), hi.tolist()):
-            if f in seen:
-                known = seen[f]
-            else:
-                blocks = blocks_of[f]
-                if blocks is None:
-                    self.map(f)
-                    blocks = blocks_of[f]
-                known = seen[f] = (None if blocks is None or blocks.complete else
-                                   (blocks.documents_verified, self.map(f)[1], records[f].num_documents))
-            if known is None:
-                continue
-            verified, offsets, n = known
-            if not 0 <= d < n:
-                raise IndexError(f"document out of range for file {f} of {n} documents")
-            if not (verified[d] and offsets.item(d) <= a and b <= offsets.item(d + 1)):
-                pending.append((f, d, a, b))
-        if pending:
-            self.check_document_runs(groups(np.array([p[0] for p in pending], dtype=np.int64)),
-                                      np.array([p[2] for p in pending], dtype=np.int64),
-                                      np.array([p[3] for p in pending], dtype=np.int64),
-                                      np.array([p[1] for p in pending], dtype=np.int64))
+    def check_document_runs(self, fl: np.ndarray, lo: np.ndarray, hi: np.ndarray, docs: np.ndarray) -> None:
+        """Format 4: verify what the runs read that :attr:`readable` does not admit (``TokenStore.read_runs``' fallback).
 
-    def check_document_runs(self, by_file: list[tuple[int, np.ndarray | None]], lo: np.ndarray, hi: np.ndarray,
-                             docs: np.ndarray) -> None:
-        """Format 4: each run inside a verified document of its file passes; documents not yet verified are, else blocks."""
-        for f, sel in by_file:
-            blocks = self.files[f]
-            if blocks is None:
-                self.map(f)
-                blocks = self.files[f]
-            if blocks is None or blocks.complete:
-                continue
-            d, a, b = (docs, lo, hi) if sel is None else (docs[sel], lo[sel], hi[sel])
-            if int(d.min()) < 0 or int(d.max()) >= self.records[f].num_documents:
-                raise IndexError(f"document out of range for file {f} of {self.records[f].num_documents} documents")
-            verified = np.frombuffer(blocks.documents_verified, dtype=np.bool_)
-            if not verified[d].all():
-                self.document_bounds(f, d)
-                if blocks.complete:
-                    continue
-            offsets = self.map(f)[1]
-            inside = verified[d] & (offsets[d] <= a) & (b <= offsets[d + 1])
-            if not inside.all():
-                self.check_blocks(f, a[~inside], b[~inside])
+        The documents of those runs are verified (:meth:`document_bounds_batch`:
+        by their CRC-32, or by their offsets' and tokens' blocks, each
+        writing its row); a run still outside its document's bounds (a
+        caller's run that crosses documents) has its blocks checked. A
+        document out of its file's range is an IndexError.
+        """
+        bad = self.readable.out_of_range(fl, docs)
+        if bad is not None:
+            f = int(fl[bad])
+            raise IndexError(f"document out of range for file {f} of {self.records[f].num_documents} documents")
+        outside = self.readable.outside(fl, lo, hi, docs)
+        if not outside.any():
+            return
+        fl, lo, hi, docs = fl[outside], lo[outside], hi[outside], docs[outside]
+        self.document_bounds_batch(fl, docs)
+        still = self.readable.outside(fl, lo, hi, docs)
+        if still.any():
+            self.check_blocks_batch(fl[still], lo[still], hi[still])
 
     # ------------------------------------------------------------ integrity
 

@@ -14,24 +14,24 @@ Forgather arguments.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from impl._arrays import distinct_ints, exclusive_cumsum, ranges
+from impl._arrays import distinct_ints
 from impl.collation import SampleBatch, batch_cu_seqlens
 from impl.dataset import PackedDataset
 from impl.epoch_cell import SharedEpoch
 from impl.errors import ConfigError, TopologyError, is_integer, require
-from impl.fill import TokenSource, fill_batch
+from impl.fill import fill_batch
 from impl.keys import SampleKey, resolve_key, resolve_keys
+from impl.mixed_pieces import PIECE_BLOCK, MixedPieces
 from impl.mixing import MixPlan, balance_remaining, check_distinct_sources, check_mixture_weights, mix_plan
 from impl.plan_cache import PlanCache, mix_plan_key, plan_cache_dir
 from impl.predownload import Reader, check_predownload, check_readers, mixture_reads, run_ahead
@@ -54,23 +54,6 @@ from reference.streams import StreamConfig
 __all__ = ["MixedDataset", "SampleKey"]
 
 _I64 = np.int64
-
-
-PIECE_BLOCK = 1024
-"""Mixed samples per cached block of pieces (``MixedDataset._block_pieces``)."""
-PIECE_BLOCKS_KEPT = 2
-
-
-class _Pieces(NamedTuple):
-    """Rows' pieces for ``fill_batch``: row r holds the next ``counts[r]``; ``docs`` in the concatenated sources."""
-
-    counts: np.ndarray
-    docs: np.ndarray
-    reported: np.ndarray
-    starts: np.ndarray
-    stops: np.ndarray
-    source: np.ndarray
-    item: np.ndarray
 
 
 def _fingerprint_of(source: Any, i: int) -> str:
@@ -228,12 +211,8 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self._plans: collections.OrderedDict[int, MixPlan] = collections.OrderedDict()
         self._shape = self._check_shapes()
         self._packing = _shared_packing(self.sources)
-        self._tokens: TokenSource | None = None
-        self._doc_base = np.zeros(len(self.sources), dtype=_I64)
-        self._blocks: collections.OrderedDict[tuple[int, int], tuple[_Pieces, np.ndarray]] = collections.OrderedDict()
-        self._last_block: tuple[int, int] | None = None
+        self._pieces = MixedPieces(self.sources, PIECE_BLOCK)
         self._ahead_memo: collections.OrderedDict[tuple[int, int], list[tuple[Any, str]]] = collections.OrderedDict()
-        self._piece_block = PIECE_BLOCK
 
     # ------------------------------------------------------------ construction checks
 
@@ -273,8 +252,6 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_plans"] = collections.OrderedDict()
-        state["_tokens"] = None
-        state["_blocks"] = collections.OrderedDict()
         state["_ahead_memo"] = collections.OrderedDict()
         return state
 
@@ -420,116 +397,19 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         assert self._pad is not None
         return {name: np.tile(value, (n, 1)) for name, value in self._pad.items()}
 
-    def _token_source(self) -> TokenSource:
-        if self._tokens is None:
-            parts = [src.source for src in self.sources]
-            self._doc_base = exclusive_cumsum(np.array([p.num_documents for p in parts], dtype=_I64))[:-1]
-            self._tokens = TokenSource.concat(parts)
-        return self._tokens
-
-    def _pieces(self, epoch: int, indices: np.ndarray) -> _Pieces:
-        """The pieces of mixed samples ``indices`` of epoch ``epoch`` (all real), in ``indices``' order.
-
-        Each source present finds its rows' pieces (``PackPlan.batch_pieces``
-        and its order) once; the pieces are laid out row by row, each
-        document id moved into ``TokenSource.concat`` of the sources.
-        """
-        plan = self.plan(epoch)
-        source, item = plan.source[indices], plan.item[indices]
-        found = []
-        counts = np.zeros(len(indices), dtype=_I64)
-        for s in distinct_ints(source):
-            rows = np.flatnonzero(source == s)
-            dataset = self.sources[s]
-            c, pos, a, b = dataset.plan(epoch).batch_pieces(item[rows])
-            ids = dataset.order(epoch)(pos) if len(pos) else pos
-            counts[rows] = c
-            found.append((rows, c, ids, a, b, s))
-        if len(found) == 1:   # one source: its pieces are already in row order
-            _, _, ids, starts, stops, s = found[0]
-            docs, reported = ids + self._doc_base[s], ids + self.sources[s].first_document
-        else:
-            ptr = exclusive_cumsum(counts)
-            docs, reported, starts, stops = (np.empty(int(ptr[-1]), dtype=_I64) for _ in range(4))
-            for rows, c, ids, a, b, s in found:
-                at = ranges(ptr[rows], c)
-                docs[at] = ids + self._doc_base[s]
-                reported[at], starts[at], stops[at] = ids + self.sources[s].first_document, a, b
-        return _Pieces(counts, docs, reported, starts, stops, source, item)
-
-    def _block_pieces(self, epoch: int, indices: np.ndarray) -> _Pieces | None:
-        """The pieces from cached blocks of ``PIECE_BLOCK`` mixed samples, or None (then the caller computes them).
-
-        Why: a sequential reader (a loader on few ranks) asks for a short run
-        of consecutive samples, the next batch the run after it. Finding the
-        pieces source by source costs a fixed number of numpy calls per
-        source present, for 8 rows as for 1024; a block's pieces, found once,
-        serve each of its batches by one slice. A block is computed when a
-        batch falls in one block and the previous batch fell in it or the
-        one before (a sequential reader); isolated lookups and readers that
-        skip blocks (many ranks, a resume's first batch) compute their own
-        rows. At most ``PIECE_BLOCKS_KEPT`` blocks are kept, so memory stays
-        O(block), never O(epoch).
-        """
-        size = self._piece_block
-        block = int(indices.min()) // size
-        if int(indices.max()) // size != block:
-            return None
-        key = (epoch, block)
-        last, self._last_block = self._last_block, key
-        table = self._blocks.get(key)
-        if table is None:
-            if last not in (key, (epoch, block - 1)):
-                return None
-            start = block * size
-            whole = self._pieces(epoch, np.arange(start, min(start + size, self.num_samples(epoch)), dtype=_I64))
-            table = (whole, exclusive_cumsum(whole.counts))
-            self._blocks[key] = table
-            while len(self._blocks) > PIECE_BLOCKS_KEPT:
-                with contextlib.suppress(KeyError):
-                    self._blocks.popitem(last=False)
-        whole, ptr = table
-        rows = indices - block * size
-        counts = whole.counts[rows]
-        at = ranges(ptr[rows], counts)
-        return _Pieces(counts, whole.docs[at], whole.reported[at], whole.starts[at], whole.stops[at],
-                       whole.source[rows], whole.item[rows])
-
     def _packed_batch(self, epochs: np.ndarray, indices: np.ndarray, packing: PackingConfig) -> dict[str, Any]:
         """The batch of sources that are ``PackedDataset``s packing alike: one ``fill_batch`` for all its rows.
 
         Why: a batch of B mixed samples touches up to K sources; filling
         each source's rows apart costs K fills, each a fixed number of numpy
         calls however few rows it has. Here the batch's pieces are found
-        (``_pieces``, or a slice of a cached block) and one fill reads every
+        (:class:`impl.mixed_pieces.MixedPieces`) and one fill reads every
         row from ``TokenSource.concat`` of the sources, reporting each
         source's own document ids.
         """
-        n = len(indices)
-        tokens = self._token_source()
-        real = indices != PADDING
-        epoch_list = distinct_ints(epochs[real])
-        pieces: _Pieces | None = None
-        if len(epoch_list) == 1 and real.all():
-            pieces = self._block_pieces(epoch_list[0], indices)
-            if pieces is None:
-                pieces = self._pieces(epoch_list[0], indices)
-        else:
-            parts = [(np.flatnonzero(real & (epochs == e)), e) for e in epoch_list]
-            found = [(rows, self._pieces(e, indices[rows])) for rows, e in parts]
-            counts = np.zeros(n, dtype=_I64)
-            source = np.full(n, -1, dtype=_I64)
-            item = np.full(n, -1, dtype=_I64)
-            for rows, got in found:
-                counts[rows], source[rows], item[rows] = got.counts, got.source, got.item
-            ptr = exclusive_cumsum(counts)
-            docs, reported, starts, stops = (np.empty(int(ptr[-1]), dtype=_I64) for _ in range(4))
-            for rows, got in found:
-                at = ranges(ptr[rows], got.counts)
-                docs[at], reported[at], starts[at], stops[at] = got.docs, got.reported, got.starts, got.stops
-            pieces = _Pieces(counts, docs, reported, starts, stops, source, item)
-        out: dict[str, Any] = fill_batch(pieces.counts, pieces.docs, pieces.starts, pieces.stops, packing, tokens,
-                                         segments=True, reported=pieces.reported)
+        pieces = self._pieces.batch(epochs, indices, self.plan)
+        out: dict[str, Any] = fill_batch(pieces.counts, pieces.docs, pieces.starts, pieces.stops, packing,
+                                         self._pieces.tokens, segments=True, reported=pieces.reported)
         out["epoch"], out["sample_index"] = epochs, indices
         out["source"], out["source_index"] = pieces.source, pieces.item
         return out

@@ -17,7 +17,8 @@ is the one checked read that the store's own accessors, the fill, splits
 and mixtures use.
 
 Who owns what: :mod:`impl.store_format` what is on disk (the layout,
-``meta.json``, the CRC tables, the fingerprint); :mod:`impl.store_files` how
+``meta.json``, the CRC tables, the fingerprint); :mod:`impl.store_open`
+finding a store and refusing what is not one; :mod:`impl.store_files` how
 a token file is mapped (through the seam of :mod:`impl.files`) and checked
 against its record; :mod:`impl.integrity` the block and document checks;
 :mod:`impl.build` writing and publishing a store; this module reading it.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import operator
 import os
 from collections.abc import Iterator, Sequence
@@ -40,10 +40,8 @@ from impl._arrays import SLICE_MIN_WIDTH, copy_runs, groups
 from impl.encoding import TokenizerInfo
 from impl.errors import (
     REBUILD_HINT,
-    ConfigError,
     SourceError,
     StoreCorruptError,
-    StoreNotFoundError,
 )
 from impl.files import FileAccess, LocalFiles
 from impl.store_files import FileViews, StoreFiles
@@ -65,8 +63,8 @@ from impl.store_format import (
     hash_file_blocks,
     quick_signature,
     sha256_file,
-    validate_meta,
 )
+from impl.store_open import open_store
 
 __all__ = [
     "BLOCK_BYTES",
@@ -183,55 +181,7 @@ class TokenStore:
         ``validate_hash``, ``storage_options``); a ``cache_limit`` that cannot
         hold one read is refused before any token file is downloaded.
         """
-        if files is None and (local is not None or remote or "://" in str(path)):
-            from impl.remote import RemoteFiles, node_ranks  # a remote store: fsspec and the node-local cache
-
-            if local is None:
-                raise ConfigError(f"{path} is a URL: pass a local cache directory, "
-                                  f"TokenStore.open({str(path)!r}, local='/local_disk/cache')")
-            cached = RemoteFiles(str(path), local, **remote)
-            store = cls.open(path, files=cached)   # meta.json first; no token file is downloaded yet
-            cached.expect_sha256({rec.name: rec.sha256 for rec in store._records})
-            ranks = node_ranks()
-            cached.check_room({rec.name: rec.size for rec in store._records}, readers=ranks,
-                              why="one reader" if ranks == 1 else f"LOCAL_WORLD_SIZE={ranks} ranks of this node")
-            if verify:
-                store.verify()
-            return store
-        root = Path(path)
-        name = str(path) if "://" in str(path) else str(root)   # how messages name it: Path() would fold a URL's //
-        access: FileAccess = LocalFiles(root) if files is None else files
-        try:
-            raw = bytes(access.map(META_FILE))   # the directory is looked at only when this fails (a resume opens a store)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            local = Path(access.root) if isinstance(access, LocalFiles) else None
-            if local is not None and not local.exists():
-                raise StoreNotFoundError(
-                    f"no token store at {root}: the directory does not exist; build it with "
-                    f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
-                ) from None
-            if local is not None and not local.is_dir():
-                raise StoreNotFoundError(
-                    f"{root} is a file, not a token store directory; pass the store's directory") from None
-            if local is None:   # a remote store: built locally, then copied there
-                raise StoreNotFoundError(
-                    f"{access.where('')} has no {META_FILE}: it is not a token store (or its upload never finished); "
-                    "build the store locally with TokenStore.build(source, tokenizer, out_dir) and copy every file "
-                    f"of out_dir there, {META_FILE} last"
-                ) from None
-            raise StoreNotFoundError(
-                f"{root} has no {META_FILE}: it is not a token store (or its build never finished); build it with "
-                f"TokenStore.build(source, tokenizer, {str(root)!r}) (CLI: `loadspec build ...`)"
-            ) from None
-        try:
-            meta = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreCorruptError(f"{access.where(META_FILE)} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
-        validate_meta(name, meta)
-        store = cls(root, meta, access, name=name)
-        if verify:
-            store.verify()
-        return store
+        return open_store(cls, path, verify=verify, files=files, local=local, **remote)
 
     @classmethod
     def build(
@@ -493,11 +443,12 @@ class TokenStore:
                   ) -> np.ndarray:
         """The store's one checked read of many runs: tokens ``[starts[r], stops[r])`` of file ``files[r]``, verified.
 
-        Every token copied was verified first, whoever calls: runs whose
-        document ``docs[r]`` (file-local, format 4) this store object has
-        verified by its own CRC-32 and that lie inside that document's
-        bounds need no further check; any other run has its blocks checked
-        (:meth:`check_blocks_batch`). Without ``out`` the runs are returned
+        Every token copied was verified first, whoever calls: runs inside
+        a document ``docs[r]`` (file-local, format 4) this store object
+        verified (its CRC-32, or its blocks) pass one numpy test a batch
+        (:mod:`impl.readable`); other runs' documents are verified first,
+        and runs outside them, or without ``docs``, have their blocks
+        checked (:meth:`check_blocks_batch`). Without ``out`` the runs are returned
         concatenated (the store's dtype); with it, run ``r`` is copied to
         ``out[dest[r]:]`` and the call returns ``out``, where a ``dest`` at or
         past ``len(out)`` addresses ``tail`` instead (at ``dest - len(out)``):
@@ -514,6 +465,9 @@ class TokenStore:
         if not fl.shape == lo.shape == hi.shape:
             raise ValueError(f"files, starts and stops differ in length ({fl.size}, {lo.size}, {hi.size})")
         widths = hi - lo
+        if fl.size and int(widths.min()) < 0:
+            r = int(np.argmin(widths))
+            raise ValueError(f"run {r} stops before it starts ({int(lo[r])} > {int(hi[r])}); pass stops >= starts")
         if out is None:
             at = np.zeros(len(widths) + 1, dtype=np.int64)
             np.cumsum(widths, out=at[1:])
@@ -523,24 +477,24 @@ class TokenStore:
         if not fl.size:
             return out
         self._require_open()
-        if fl.size and (int(fl.min()) < 0 or int(fl.max()) >= len(self._records)):
+        if int(fl.view(np.uint64).max()) >= len(self._records):   # a negative file reads as a huge one
             raise IndexError(f"file out of range for a store of {len(self._records)} files")
-        by_file = groups(fl)
+        checks = self._checks
         if docs is None or self._version < 4:
             self.check_blocks_batch(fl, lo, hi)
-        elif not self._checks.all_verified:
+        elif not checks.all_verified:
             dl = np.asarray(docs, dtype=np.int64).reshape(-1)
-            if fl.size <= 64:   # a batch's few runs: checked in Python
-                self._checks.check_few_document_runs(fl, lo, hi, dl)
-            else:
-                self._checks.check_document_runs(by_file, lo, hi, dl)
-        mapped = self._mapped
-        values = [None if m is None else m[0] for m in mapped]
-        for f, _ in by_file:
+            if dl.shape != fl.shape:
+                raise ValueError(f"docs and files differ in length ({dl.size} and {fl.size})")
+            if not checks.readable.allows(fl, lo, hi, dl):   # one numpy test; a run outside a verified document:
+                checks.check_document_runs(fl, lo, hi, dl)  # its document verified, else its blocks
+        values = [None if m is None else m[0] for m in self._mapped]
+        slices = int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths)
+        by_file = [] if slices else groups(fl)   # one slice per run needs no grouping by file
+        for f in set(fl.tolist()) if slices else (g for g, _ in by_file):
             if values[f] is None:
                 values[f] = self._map(f)[0]
-        return copy_runs(values, fl, lo, hi, by_file, out, dest, tail,  # type: ignore[arg-type]
-                         slices=int(widths.sum()) >= SLICE_MIN_WIDTH * len(widths))
+        return copy_runs(values, fl, lo, hi, by_file, out, dest, tail, slices=slices)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ integrity (impl.integrity)
 

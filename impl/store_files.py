@@ -277,7 +277,7 @@ class StoreFiles:
 
     def new_blocks(self, rec: FileRecord, data: memoryview, values_at: int, offsets_at: int) -> FileChecks:
         """File ``rec``'s block checks; its offsets hold ``documents + 1`` entries (none when recorded at 0: empty)."""
-        recorded = documents = verified = None
+        recorded = documents = verified = readable = None
         if self.version >= 3:
             f = self.file_index[rec.name]
             recorded = self.crc_table(BLOCK_TABLE, self.table_at[-1])[self.table_at[f]:self.table_at[f + 1]]
@@ -287,9 +287,10 @@ class StoreFiles:
                 if self.documents_verified is None:
                     self.documents_verified = demand_zero(self.n)
                 verified = memoryview(self.documents_verified)[a:b]
+                readable = self.checks.readable.rows(a, b)
         return FileChecks(data, values_at, self.dtype.itemsize, self.block_bytes, rec.block_crc32 or "", offsets_at,
                           recorded, 0 if rec.num_documents == 0 and offsets_at == 0 else (rec.num_documents + 1) * OFFSET_BYTES,
-                          documents, verified)
+                          documents, verified, readable)
 
     def crc_table(self, name: str, entries: int) -> np.ndarray:
         """CRC table ``name``'s ``entries`` recorded CRC-32s (big-endian uint32), one read-only mapping made on first use."""

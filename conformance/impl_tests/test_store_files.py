@@ -179,6 +179,87 @@ def test_read_runs_refuses_a_run_whose_bytes_changed_since_the_build(store_dir, 
         fresh.read_runs(np.array([1]), starts, starts + lengths, docs=np.array([doc]) if with_docs else None)
 
 
+def _change_token(store_dir: Path, store: TokenStore, f: int, token: int) -> None:
+    """Flip a byte of file-local token ``token`` of file ``f`` on disk (same inode: mappings see it)."""
+    at = store.meta["files"][f]["buffers"]["values"][0] + store.dtype.itemsize * token
+    path = store_dir / store.file_records[f].name
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _bounds(store: TokenStore, f: int) -> tuple[list[int], list[int]]:
+    """File ``f``'s documents' (file-local start, stop), from a separate clean store object."""
+    starts, lengths = TokenStore.open(store.path).document_bounds(f, np.arange(store.file_document_counts[f]))
+    return starts.tolist(), (starts + lengths).tolist()
+
+
+def test_read_runs_refuses_a_changed_first_document_of_a_file_whose_other_documents_were_all_verified(store_dir):
+    store = TokenStore.open(store_dir)
+    starts, stops = _bounds(store, 1)
+    first = next(d for d in range(len(starts)) if stops[d] > starts[d])   # its tokens start at file-local 0
+    others = np.array([d for d in range(len(starts)) if d != first])
+    _change_token(store_dir, store, 1, starts[first])
+    for d in others.tolist():   # one at a time: each by its own CRC (the file's one block stays unverified)
+        store.document_bounds_batch(np.array([1]), np.array([d]))
+    assert store.read_runs(np.ones(len(others), dtype=np.int64), np.array(starts)[others], np.array(stops)[others],
+                           docs=others).size == sum(stops) - sum(starts) - (stops[first] - starts[first])
+    files, docs = np.array([1, 1]), np.array([others[0], first])
+    with pytest.raises(StoreCorruptError, match=rf"{store.file_records[1].name} changed since it was built"):
+        store.read_runs(files, np.array([starts[others[0]], starts[first]]),
+                        np.array([stops[others[0]], stops[first]]), docs=docs)
+
+
+def test_read_runs_refuses_a_run_that_leaves_its_verified_document_for_a_changed_neighbour(store_dir):
+    store = TokenStore.open(store_dir)
+    starts, stops = _bounds(store, 0)
+    d = next(k for k in range(len(starts) - 1) if stops[k] > starts[k] and stops[k + 1] > starts[k + 1])
+    expected = TokenStore.open(store_dir)[d].tolist()
+    _change_token(store_dir, store, 0, starts[d + 1])
+    store.document_bounds_batch(np.array([0]), np.array([d]))   # d verified by its own CRC
+    got = store.read_runs(np.array([0]), np.array([starts[d]]), np.array([stops[d]]), docs=np.array([d]))
+    assert got.tolist() == expected
+    with pytest.raises(StoreCorruptError, match="changed since it was built"):
+        store.read_runs(np.array([0]), np.array([starts[d]]), np.array([stops[d + 1]]), docs=np.array([d]))
+
+
+def test_read_runs_refuses_a_document_number_past_its_file_even_when_that_names_a_verified_document_of_the_next(
+        store_dir):
+    store = TokenStore.open(store_dir)
+    count = store.file_document_counts[0]
+    starts, stops = _bounds(store, 1)
+    d = next(k for k in range(len(starts)) if stops[k] > starts[k])
+    store.read_runs(np.array([1]), np.array([starts[d]]), np.array([stops[d]]), docs=np.array([d]))  # verifies it
+    for bad in (count + d, -1):
+        with pytest.raises(IndexError, match="document out of range for file 0"):
+            store.read_runs(np.array([0]), np.array([starts[d]]), np.array([stops[d]]), docs=np.array([bad]))
+
+
+class KeepOneMapped(LocalFiles):
+    """LocalFiles whose store keeps one token file mapped (as a remote access under a small cache limit)."""
+
+    keep_mapped = 1
+
+
+def test_a_document_verified_before_its_file_was_released_is_crcd_again_when_its_file_maps_again(store_dir):
+    store = TokenStore.open(store_dir, files=KeepOneMapped(store_dir))
+    starts, stops = _bounds(store, 0)
+    d = next(k for k in range(len(starts)) if stops[k] > starts[k])
+    run = np.array([0]), np.array([starts[d]]), np.array([stops[d]])
+    store.read_runs(*run, docs=np.array([d]))                          # verified
+    store.read_runs(np.array([1]), np.array([0]), np.array([1]), docs=np.array([0]))   # file 0 released
+    _change_token(store_dir, store, 0, starts[d])                       # a new copy, changed
+    with pytest.raises(StoreCorruptError, match=rf"{store.file_records[0].name} changed since it was built"):
+        store.read_runs(*run, docs=np.array([d]))
+
+
+@pytest.mark.parametrize("with_docs", [True, False])
+def test_read_runs_refuses_a_run_that_stops_before_it_starts(store_dir, with_docs):
+    store = TokenStore.open(store_dir)
+    with pytest.raises(ValueError, match=r"run 1 stops before it starts \(9 > 4\); pass stops >= starts"):
+        store.read_runs(np.array([0, 0]), np.array([0, 9]), np.array([2, 4]), docs=np.array([0, 0]) if with_docs else None)
+
+
 def test_a_concatenation_of_two_stores_sources_gathers_each_documents_tokens_from_its_own_store(tmp_path):
     from impl.fill import TokenSource
 

@@ -214,6 +214,7 @@ PLAN_NEUTRAL = {
     "end": "the end policy is the sampler's, after the plan",
     "allow_repeat": "it lets two sources read the same documents; it changes no sample",
     "cache_dir": "where the plan is cached, not what it holds",
+    "predownload": "how far ahead remote files are downloaded; it changes no sample",
 }
 
 
@@ -243,7 +244,8 @@ def test_each_input_of_a_mixture_plan_names_its_own_cache_entry(tmp_path, monkey
     other = MixedDataset([Toy(30, "x"), Toy(20, "b")], cache_dir=tmp_path, **BASE)   # same sizes, other data
     other.plan(0)
     assert_equal(counted.calls, 1, clause="MIX-13", what="plans computed for a source of other data, same size")
-    assert_equal(mixture(BASE_SIZES, False, **dict(BASE, end="pad", allow_repeat=True)).plan_key(0, BASE_SIZES),
+    assert_equal(mixture(BASE_SIZES, False, **dict(BASE, end="pad", allow_repeat=True, predownload=0)).plan_key(
+                 0, BASE_SIZES),
                  keys[0], clause="MIX-13", what="the key with only plan-neutral arguments changed")
 
 

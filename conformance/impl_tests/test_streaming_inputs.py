@@ -1,5 +1,6 @@
 """impl.streaming on real input: bad files refused by name, a foreign checkpoint refused, the index cache,
-DataLoader workers, and the streaming epoch equal to a TokenStore's (STREAM-2, 4, 5, 10, 11, 15, 16)."""
+DataLoader workers, and the streaming epoch equal to a TokenStore's, a file behind a byte order mark too
+(STREAM-2, 4, 5, 10, 11, 15, 16)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,28 @@ def test_without_shuffle_one_lane_streams_the_token_store_s_epoch(tmp_path):
         sample = packed[i]
         assert row[3:] == tuple(tuple(sample[f].tolist()) for f in
                                 ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets"))
+
+
+@pytest.mark.clause("STREAM-2", "STREAM-16")
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_a_file_behind_a_byte_order_mark_streams_as_its_token_store_does(tmp_path, kind):
+    """A BOM at a file's first byte is not text: the first row streams as a TokenStore build reads it (utf-8-sig)."""
+    from impl.dataset import PackedDataset
+    from impl.store import TokenStore
+
+    rows = ["first row here", *ROWS[:9]]
+    body = ("\n".join(rows) + "\n" if kind == "txt" else "".join(json.dumps({"text": r}) + "\n" for r in rows))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / f"bom.{kind}").write_bytes(b"\xef\xbb\xbf" + body.encode())
+    store = TokenStore.build(tmp_path / "src", tokenizer()[0], tmp_path / "store", progress=False)
+    packed = PackedDataset(store, seq_len=5, packing="concat")
+    stream = [row for batch in impl_rows(_ds([str(tmp_path / "src" / f"bom.{kind}")], seq_len=5, unit_bytes=40))
+              for row in batch]
+    assert len(stream) == len(packed) > 3
+    for i, row in enumerate(stream):
+        sample = packed[i]
+        assert row[3:] == tuple(tuple(sample[f].tolist()) for f in
+                                ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")), f"sample {i}"
 
 
 @pytest.mark.clause("STREAM-10", "STREAM-12")

@@ -114,11 +114,34 @@ def _resolve(spec: Any) -> Any:
 _ENCODER: dict[str, Any] = {}
 
 
+def _worker_threads() -> int | None:
+    """In a DataLoader worker, its share of this process's cores for the tokenizer's thread pool; else None.
+
+    Why: ``tokenizers`` encodes a batch on a thread pool as wide as the
+    machine, and every worker builds its own, so K workers run K pools of
+    all the cores each and mostly wait on each other. Each worker takes
+    ``cores // K`` threads (at least 1): 16 cores and 8 workers give 2 each.
+    """
+    info = get_worker_info()
+    if info is None:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, info.num_workers))
+
+
 def _encoder(tok_json: str) -> Any:
-    """A batch encoder for ``tok_json``, parsed once per process rather than once per pass."""
+    """A batch encoder for ``tok_json``, parsed once per process rather than once per pass.
+
+    In a DataLoader worker the tokenizer's pool is sized before its first use
+    (``RAYON_NUM_THREADS`` = :func:`_worker_threads`), unless the user set it.
+    """
     encode = _ENCODER.get(tok_json)
     if encode is None:
         from tokenizers import Tokenizer
+
+        threads = _worker_threads()
+        if threads is not None:
+            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
 
         tok = Tokenizer.from_str(tok_json)
         tok.no_truncation()

@@ -141,6 +141,29 @@ def test_a_file_behind_a_byte_order_mark_streams_as_its_token_store_does(tmp_pat
                                 ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")), f"sample {i}"
 
 
+def test_each_dataloader_worker_sizes_its_tokenizer_pool_to_its_share_of_the_cores(tmp_path, monkeypatch):
+    """K workers each running a thread pool of every core oversubscribe the machine: each takes cores // K."""
+    from impl import streaming
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    original = streaming._encoder
+
+    def recording(tok_json):
+        encode = original(tok_json)
+        (tmp_path / f"worker-{os.getpid()}").write_text(os.environ.get("RAYON_NUM_THREADS", "unset"))
+        return encode
+
+    monkeypatch.setattr(streaming, "_encoder", recording)
+    names, _ = write(tmp_path / "d", [("jsonl", [ROWS])])
+    loader = build_dataloader(_ds(names, num_lanes=2, unit_bytes=40), batch_size=2, num_workers=2,
+                              multiprocessing_context="fork")
+    assert len(list(loader)) > 2
+    seen = {p.name: p.read_text() for p in tmp_path.glob("worker-*")}
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert len(seen) == 2 and set(seen.values()) == {share}, seen
+    assert "RAYON_NUM_THREADS" not in os.environ
+
+
 @pytest.mark.clause("STREAM-10", "STREAM-12")
 def test_torch_s_own_dataloader_with_workers_yields_every_sample_of_the_reference_epoch(tmp_path):
     from torch.utils.data import DataLoader

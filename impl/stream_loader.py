@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from impl.errors import ConfigError, is_int, require
 from impl.partition import distributed_topology
-from impl.streaming import STATE_KEY, StreamingDataset
+from impl.streaming import SKIPPED_KEY, STATE_KEY, StreamingDataset
 
 __all__ = ["StreamingLoader"]
 
@@ -99,6 +99,8 @@ class StreamingLoader:
                 while not queues[k]:
                     batch = next(iterator)
                     meta = batch.pop(STATE_KEY)
+                    for u, n in batch.pop(SKIPPED_KEY, {}).items():     # a worker's bad lines (STREAM-17)
+                        ds._skipped_units.setdefault(u, n)
                     queues[meta[1]].append((meta, batch))
                 meta, out = queues[k].popleft()
                 if meta[2] is None:

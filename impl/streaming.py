@@ -82,6 +82,8 @@ from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, Streami
 __all__ = ["STATE_KEY", "SkippedRowsWarning", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
 STATE_KEY = "_loadspec_stream"
+SKIPPED_KEY = "_loadspec_skipped"
+"""A batch entry ``{unit: bad lines}`` a worker sends to ``impl.stream_loader`` (STREAM-17), popped before use."""
 """The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
 _MODES = ("concat", "chunk")
 
@@ -311,7 +313,9 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         Each unit counts once however often it is read; the units read
         include the census of ``world_size > 1`` (every unit), so there the
         count is the whole source's. A DataLoader worker counts in its own
-        process and reports by the warning it issues.
+        process and warns there; under ``build_dataloader`` (``impl.stream_loader``)
+        its counts also come with its batches, so this count in the training
+        process is the total over its workers.
         """
         out: dict[str, int] = {}
         for u, n in sorted(self._skipped_units.items()):
@@ -478,6 +482,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         lanes = self.worker_lanes(num_workers)[worker]
         source = (self._lazy(tokens, lanes) if self.world_size == 1 else
                   self._scheduled(tokens, num_workers, worker))
+        sent: set[int] = set()
         for rows, snaps in source:
             batch: dict[str, Any] = {name: torch.from_numpy(np.stack([s[name] for _, _, s in rows]))
                                      for name in ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")}
@@ -487,9 +492,24 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             cu, max_seqlen = batch_cu_seqlens(batch["position_ids"].numpy(), batch["doc_ids"].numpy())
             batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(cu), max_seqlen
             batch[STATE_KEY] = (self.epoch, worker, snaps)
+            if markers:
+                self._send_skipped(batch, sent)
             yield batch
         if markers:
-            yield {STATE_KEY: (self.epoch, worker, None)}
+            yield self._send_skipped({STATE_KEY: (self.epoch, worker, None)}, sent)
+
+    def _send_skipped(self, batch: dict[str, Any], sent: set[int]) -> dict[str, Any]:
+        """Put the units with skipped lines this process found since the last batch under ``SKIPPED_KEY``.
+
+        Why: a DataLoader worker counts in its own process; the loader that
+        hands its batches out merges these into the dataset it holds, so
+        ``skipped`` in the training process is the total over its workers.
+        """
+        new = {u: n for u, n in self._skipped_units.items() if u not in sent}
+        if new and get_worker_info() is not None:
+            batch[SKIPPED_KEY] = new
+            sent.update(new)
+        return batch
 
     def apply(self, meta: Any) -> None:
         """Record a handed-out batch: its lanes' snapshots become the state (STREAM-13)."""

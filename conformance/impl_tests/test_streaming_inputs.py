@@ -281,6 +281,19 @@ def test_skip_drops_bad_lines_like_the_reference_counts_them_by_file_and_resumes
                                      if row[2] >= state["lanes"][str(row[1])]["samples"])
 
 
+@pytest.mark.clause("STREAM-17")
+@pytest.mark.filterwarnings("ignore::impl.streaming.SkippedRowsWarning")
+def test_with_dataloader_workers_the_training_process_counts_every_workers_skipped_lines(tmp_path):
+    from impl.streaming import SKIPPED_KEY
+
+    path = tmp_path / "dirty.jsonl"
+    path.write_bytes(DIRTY)
+    ds = _ds([str(path)], seq_len=3, num_lanes=2, unit_bytes=40, on_error="skip")
+    batches = list(build_dataloader(ds, batch_size=1, num_workers=2, multiprocessing_context="fork"))
+    assert len(batches) > 2 and not any(SKIPPED_KEY in b for b in batches)
+    assert ds.skipped == {str(path): 3}
+
+
 def test_on_error_must_be_raise_or_skip(tmp_path):
     from impl.errors import ConfigError
 

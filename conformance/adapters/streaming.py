@@ -20,12 +20,21 @@ numbered per lane (STREAM-9); the canonical ``sample_index`` here is
 refused by the streaming dataset as bad input (an empty file), so such
 corpora are reported unsupported.
 
-Known contract mismatches (graded as failures, not defects): a rank's
-``state_dict()`` without a process group holds only its lanes and
-``load_state_dict`` takes the global state (``merge_states``, STREAM-14),
-while the kit's in-process resume tests restore each rank from its own
-state; and equal-step truncation over lanes may leave more than one global
-batch untrained when lanes hold unequal shares.
+What a real job does, in one process: with a process group every rank's
+``state_dict()`` is the global state (its lanes gathered from every rank and
+merged, STREAM-14), and every rank loads that. The ranks the in-process suite
+builds for one topology form a group here, and a rank's ``state_dict()`` is
+``merge_states`` of its group's states taken then, which is what the
+all-gather returns; in the per-rank harness (``process_group = True``) the
+dataset gathers through gloo itself. The kit is told so (``state:global``):
+every rank's state is one consistent cut where each rank stands.
+
+The end of an epoch is STREAM-12's equal-step truncation over lanes, which
+may leave more than one global batch untrained when lanes hold unequal
+shares; :meth:`StreamingAdapter.epoch_coverage` declares its exact account,
+computed from ``reference.streaming`` (the specification, not the loader's
+run): every lane's samples, and ``steps × world size × batch size`` of them
+trained.
 
 Select with ``pytest conformance/tests --loadspec-loader conformance.adapters.streaming:adapter``.
 """
@@ -34,12 +43,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from conformance.adapter import CanonicalRow, RowLoader
 from conformance.adapters.impl import corpus_key
+from conformance.provenance import EpochCoverage
 from impl.errors import ConfigError, StateError
 from reference.resume import Corpus, PipelineConfig, Topology
 
@@ -61,6 +71,11 @@ def decimal_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<eos>")
 
 
+def jsonl_text(docs: Sequence[Sequence[int]]) -> str:
+    """One corpus file as jsonl: ``{"text": "17 4 902"}`` per document, in order."""
+    return "".join(json.dumps({"text": " ".join(map(str, d))}) + "\n" for d in docs)
+
+
 def write_corpus(corpus: Corpus, workdir: Path) -> list[str]:
     """The corpus as jsonl files ``workdir/stream/<hash>/f0000.jsonl`` ... (written once)."""
     root = Path(workdir) / "stream" / corpus_key(corpus)
@@ -68,9 +83,52 @@ def write_corpus(corpus: Corpus, workdir: Path) -> list[str]:
     if not (root / "done").exists():
         root.mkdir(parents=True, exist_ok=True)
         for name, docs in zip(names, corpus):
-            Path(name).write_text("".join(json.dumps({"text": " ".join(map(str, d))}) + "\n" for d in docs))
+            Path(name).write_text(jsonl_text(docs))
         (root / "done").write_text("")
     return names
+
+
+def streaming_config(config: PipelineConfig) -> Any:
+    """The ``reference.streaming.StreamingConfig`` the adapter's ``StreamingDataset`` is built with."""
+    from reference.packing import PackingConfig
+    from reference.streaming import StreamingConfig
+
+    p = config.packing
+    packing = PackingConfig(seq_len=p.seq_len, mode=p.mode, add_bos=p.add_bos, add_eos=p.add_eos,
+                            bos_id=EOS if p.add_bos else None, eos_id=EOS if p.add_eos else None, pad_id=p.pad_id,
+                            min_len=p.min_len)
+    return StreamingConfig(packing=packing, num_lanes=NUM_LANES, seed=config.ordering.seed,
+                           shuffle=config.ordering.kind == "global")
+
+
+class _Group:
+    """The loaders of one topology's ranks built in this process: their states merged are the global state."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.members: dict[int, Any] = {}
+
+
+class GatheredLoader(RowLoader):
+    """A rank's loader whose ``state_dict()`` is the global state, as a process group's all-gather makes it.
+
+    Without a process group a ``StreamingDataset`` returns its own lanes; the
+    ranks of a group here are all in this process, so the gather is reading
+    each member's lanes and merging them (``impl.merge_states``, STREAM-14).
+    Every rank returns the same state, as every rank of a real job does.
+    """
+
+    def __init__(self, loader: Any, group: _Group) -> None:
+        super().__init__(loader, rows_from_batch)
+        self.group = group
+
+    def state_dict(self) -> dict[str, Any]:
+        from impl.streaming import merge_states
+
+        members = [self.group.members[r] for r in sorted(self.group.members)]
+        if len(members) < self.group.world_size:     # a rank built alone (the per-rank harness gathers via gloo)
+            return self.loader.state_dict()
+        return merge_states([m.loader.state_dict() for m in members])
 
 
 def rows_from_batch(batch: Mapping[str, Any]) -> list[CanonicalRow]:
@@ -83,9 +141,43 @@ def rows_from_batch(batch: Mapping[str, Any]) -> list[CanonicalRow]:
 class StreamingAdapter:
     name = "impl-streaming"
     capabilities = frozenset({"resume", "elastic", "packing:concat", "packing:chunk", "ordering:sequential",
-                              "ordering:global", "shuffle:seeded", "end:drop_last"})
+                              "ordering:global", "shuffle:seeded", "end:drop_last", "state:global"})
     refusal_types = (StateError, ConfigError)
     limits: ClassVar[Mapping[str, int]] = {"max_world_size": 4}
+    process_group = True
+    """``StreamingDataset.state_dict()`` gathers every rank's lanes through ``torch.distributed`` (STREAM-14)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[Any, ...], _Group] | None = None
+
+    def epoch_coverage(self, corpus: Corpus, config: PipelineConfig, topology: Topology,
+                       state: Mapping[str, Any] | None = None) -> EpochCoverage:
+        """The exact account under STREAM-12 of epoch 0, or of the rest of ``state``'s epoch, on ``topology``.
+
+        From ``reference.streaming`` over the same jsonl bytes (the
+        specification, not the loader's run): every lane's samples left
+        (``lane_remaining``, from a fresh epoch or from the lanes of the
+        global ``state``), the steps every rank takes (``epoch_steps``: the
+        minimum over ranks of its full batches), and ``steps × W × B`` of the
+        samples trained; each lane packs its own stream, so ``streams`` is
+        the lane count.
+        """
+        from reference.streaming import StreamingReferenceLoader, epoch_steps, lane_remaining
+        from reference.units import TextFile
+
+        files = [TextFile(path=f"f{i:04d}.jsonl", data=jsonl_text(docs).encode(), format="jsonl")
+                 for i, docs in enumerate(corpus)]
+        W, B = topology.world_size, topology.batch_size
+        ref = StreamingReferenceLoader(files, streaming_config(config), lambda text: [int(w) for w in text.split()],
+                                       tokenizer_id=str(state["tokenizer"]) if state else "decimal",
+                                       world_size=W, num_workers=topology.num_workers, batch_size=B)
+        if state is not None:   # impl's index names its files by path and mtime: the lanes are what it positions
+            ref.load_state_dict(dict(state, index=ref.index.fingerprint))
+        remaining = {lane: lane_remaining(ref._census, ref.epoch, lane, s) for lane, s in ref.lanes.items()}
+        steps = epoch_steps(remaining, NUM_LANES, W, topology.num_workers, B)
+        return EpochCoverage(samples=sum(remaining.values()), kept=steps * W * B, steps=steps,
+                             last_step=W * B if steps else 0, global_batch=W * B, streams=NUM_LANES,
+                             clause="STREAM-12")
 
     def unsupported(self, corpus: Corpus, config: PipelineConfig, topology: Topology) -> str | None:
         from reference.streaming import valid_world_sizes
@@ -110,7 +202,22 @@ class StreamingAdapter:
                               rank=topology.rank, world_size=topology.world_size)
         loader = build_dataloader(ds, batch_size=topology.batch_size, rank=topology.rank,
                                   world_size=topology.world_size, num_workers=topology.num_workers)
-        return RowLoader(loader, rows_from_batch)
+        group = self._group(corpus, config, topology, workdir)
+        group.members[topology.rank] = gathered = GatheredLoader(loader, group)
+        return gathered
+
+    def _group(self, corpus: Corpus, config: PipelineConfig, topology: Topology, workdir: Path) -> _Group:
+        """The group rank ``topology.rank`` joins: the last one built, when of its topology and without that rank.
+
+        The kit builds a topology's ranks one after the other (rank 0 first),
+        so only the last group can still be joined; keeping no other holds no
+        loader past its example.
+        """
+        key = (str(workdir), corpus_key(corpus), repr(config), topology.world_size, topology.batch_size,
+               topology.num_workers)
+        if self._last is None or self._last[0] != key or topology.rank in self._last[1].members:
+            self._last = (key, _Group(topology.world_size))
+        return self._last[1]
 
 
 def adapter() -> StreamingAdapter:

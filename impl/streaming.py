@@ -135,15 +135,16 @@ def _encoder(tok_json: str) -> Any:
     """A batch encoder for ``tok_json``, parsed once per process rather than once per pass.
 
     In a DataLoader worker the tokenizer's pool is sized before its first use
-    (``RAYON_NUM_THREADS`` = :func:`_worker_threads`), unless the user set it.
+    (``RAYON_NUM_THREADS`` = :func:`_worker_threads`), unless the user set it;
+    also when a forked worker inherits the parent's encoder, whose pool starts
+    in the worker at its first encode.
     """
+    threads = _worker_threads()
+    if threads is not None:
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     encode = _ENCODER.get(tok_json)
     if encode is None:
         from tokenizers import Tokenizer
-
-        threads = _worker_threads()
-        if threads is not None:
-            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
 
         tok = Tokenizer.from_str(tok_json)
         tok.no_truncation()

@@ -431,8 +431,10 @@ def _topology_change(adapter, corpus, config, before: Topology, after: Topology,
     g1, g2 = before.world_size * before.batch_size, after.world_size * after.batch_size
     behind = g1 if ahead == 0 else 0   # rank 0 ahead: the others skip their batch of that step
     room = (max(g1, g2) + behind) * config.packing.seq_len
-    coverage = declared_coverage(adapter, corpus, config, after, state=loaded[0]) if global_state else None
-    if coverage is not None:           # the loader's own end rule drops exactly what it declares from the state on
+    ended = any(len(b) < k + (1 if r == ahead else 0) for r, b in enumerate(taken))   # epoch 0 ended before the cut
+    coverage = (None if not global_state else declared_coverage(adapter, corpus, config, before) if ended
+                else declared_coverage(adapter, corpus, config, after, state=loaded[0]))
+    if coverage is not None:           # the loader's own end rule drops exactly what it declares, in epoch 0
         room = (coverage.samples - coverage.kept) * config.packing.seq_len + 1
     lost = sorted(set(universe) - set(trained))
     check(len(lost) < room, clause="RES-4", what=f"after resuming on {after}, {len(lost)} pairs were never trained "

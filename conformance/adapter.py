@@ -49,6 +49,20 @@ Optional, with the default the kit uses when absent:
   local ranks must open at one path). The harness's tests
   (``conformance/tests/test_any_loader_processes.py``) need nothing more.
 
+* ``epoch_coverage(corpus, config, topology, state=None) -> EpochCoverage | None``:
+  the exact account of epoch 0 (samples packed, samples trained, steps),
+  or with ``state`` of the rest of that saved state's epoch resumed on
+  ``topology``, when the loader ends an epoch by a rule of its own rather
+  than one of the kit's ``end:*`` policies, computed from the loader's
+  specification and naming its clause (``conformance.provenance.declared_coverage``;
+  the streaming adapter's equal-step truncation over lanes, STREAM-12, is one).
+
+``state:global`` says every rank's ``state_dict()`` returns the same state,
+the job's (gathered as a collective): restoring it restores every rank
+where it stood, so a rank that was a batch ahead at the checkpoint does not
+redo that batch whichever rank's copy it loads; the kit checks that the
+ranks' states are equal.
+
 ``bit_exact`` is the only capability that makes the kit compare with the
 reference's sample numbering and order (``sample_index``, the state machine,
 the bit-for-bit batches); ``state:version`` and ``state:fingerprint`` make it
@@ -102,6 +116,7 @@ CAPABILITIES = frozenset({
     "packing:options",    # add_bos/add_eos/min_len/stride/bos_on_continuation/truncate
     "shuffle:seeded",     # ordering:global means "some shuffle keyed by the seed" (not the reference's, unless bit_exact)
     "state:version", "state:fingerprint",  # the state carries loadspec's version/fingerprint keys (RES-2, RES-3)
+    "state:global",       # every rank's state_dict() is the job's one global state (a collective, e.g. STREAM-14)
 })
 
 

@@ -45,6 +45,7 @@ LOG_ENV = "LOADSPEC_MATRIX_LOG"
 LOADERS = {
     "reference": "conformance.adapters.reference:adapter",
     "impl": "conformance.adapters.impl:adapter",
+    "impl streaming (jsonl, 12 lanes)": "conformance.adapters.streaming:adapter",
     "tiny-loader (worked example)": "conformance.examples.third_party:adapter",
     "torchdata map + DistributedSampler": "conformance.adapters.peers.torchdata_map:adapter",
     "torchdata map, 0-2 workers": "conformance.adapters.peers.torchdata_map:adapter_workers",

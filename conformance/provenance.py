@@ -182,12 +182,17 @@ class EpochCoverage:
     how many of them the end policy trains on this topology (the rest, only
     the stream's last ``S - S'``, it may drop), ``steps`` how many steps each
     rank runs and ``last_step`` how many real samples (padding excluded) the
-    last of them holds.
+    last of them holds. ``streams`` is how many token streams are packed
+    independently (each loses its own tail of fewer than L + 1 tokens, PACK-7):
+    1 for the kit's end policies. ``clause`` names the loader's own end rule
+    when the account is one an adapter declares (``epoch_coverage``, e.g.
+    STREAM-12's equal-step truncation over lanes), empty for the kit's
+    ``end:*`` policies (PART-4 .. PART-6).
 
     >>> from reference.packing import PackingConfig
     >>> config = PipelineConfig(packing=PackingConfig(seq_len=4))        # concat: (21 - 1) // 4 = 5 samples
     >>> expected_coverage([[list(range(1, 22))]], config, Topology(world_size=2, batch_size=2))
-    EpochCoverage(samples=5, kept=4, steps=1, last_step=4, global_batch=4)
+    EpochCoverage(samples=5, kept=4, steps=1, last_step=4, global_batch=4, streams=1, clause='')
     """
 
     samples: int
@@ -195,6 +200,8 @@ class EpochCoverage:
     steps: int
     last_step: int
     global_batch: int
+    streams: int = 1
+    clause: str = ""
 
 
 def expected_coverage(corpus: Corpus, config: PipelineConfig, topology: Topology, *,
@@ -216,6 +223,32 @@ def expected_coverage(corpus: Corpus, config: PipelineConfig, topology: Topology
     kept, steps = trained_end(0, total, partition), steps_in_epoch(total, partition)
     g = partition.global_batch_size
     return EpochCoverage(total, kept, steps, kept - (steps - 1) * g if steps else 0, g)
+
+
+def declared_coverage(adapter: Any, corpus: Corpus, config: PipelineConfig, topology: Topology,
+                      state: Any = None) -> EpochCoverage | None:
+    """The account of epoch 0 (or of the rest of ``state``'s epoch) the adapter declares for its own end rule, else None.
+
+    Why a declaration: a loader whose end rule is none of the kit's
+    ``end:*`` policies (a streaming loader's equal-step truncation over
+    lanes, STREAM-12, may leave several global batches untrained when lanes
+    hold unequal shares) cannot be graded by :func:`expected_coverage`. Its
+    adapter computes the exact account from the loader's specification (never
+    from the loader's run, which would hide a loss) and names the clause;
+    the kit then checks the run against it as exactly as against its own.
+    With ``state`` (one the loader saved, resumed on ``topology``) the
+    account covers the rest of that state's epoch: ``samples`` left,
+    ``kept`` of them trained.
+    """
+    hook = getattr(adapter, "epoch_coverage", None)
+    if hook is None:
+        return None
+    coverage = hook(corpus, config, topology) if state is None else hook(corpus, config, topology, state=state)
+    if coverage is not None and not (isinstance(coverage, EpochCoverage) and coverage.clause
+                                     and 0 <= coverage.kept <= coverage.samples and coverage.streams >= 1):
+        raise TypeError(f"{type(adapter).__name__}.epoch_coverage returned {coverage!r}: expected None or an "
+                        "EpochCoverage with 0 <= kept <= samples, streams >= 1 and the clause of its end rule")
+    return coverage
 
 
 def _runs(values: Iterable[int]) -> str:
@@ -274,16 +307,20 @@ def check_epoch_coverage(per_rank: Sequence[Sequence[Sequence[CanonicalRow]]], c
     if len(trained) >= coverage.kept:
         return
     p, part = config.packing, topology.partition(config.end)
-    clause = {"drop_last": "PART-4", "pad": "PART-5", "even": "PART-6"}[config.end]
+    clause = coverage.clause or {"drop_last": "PART-4", "pad": "PART-5", "even": "PART-6"}[config.end]
     s, kept, g, steps = coverage.samples, coverage.kept, coverage.global_batch, coverage.steps
     lost = kept - len(trained)
-    if s == kept:
+    if coverage.clause:
+        drops = f"may drop only the {_count(s - kept, 'sample')} its end rule drops ({clause})"
+    elif s == kept:
         drops = "may drop none of them" + (" (PART-5)" if config.end == "pad" else f" ({s} is a multiple of G)")
     else:
         bound = f"G = {g}" if config.end == "drop_last" else f"D = {part.data_parallel_size}"
         drops = f"may drop only the stream's last {_count(s - kept, 'sample')} (fewer than {bound}, {clause})"
-    what = (f"epoch 0 trained {_count(len(trained), 'distinct sample')}, but the corpus packs into {s} ({p.mode!r}, "
-            f"seq_len {p.seq_len}) and end={config.end!r} on {_count(topology.world_size, 'rank')} x batch size "
+    packed = f"{p.mode!r}, seq_len {p.seq_len}" + (f", {coverage.streams} streams" if coverage.streams > 1 else "")
+    end = f"the loader's end rule ({clause})" if coverage.clause else f"end={config.end!r}"
+    what = (f"epoch 0 trained {_count(len(trained), 'distinct sample')}, but the corpus packs into {s} ({packed}) "
+            f"and {end} on {_count(topology.world_size, 'rank')} x batch size "
             f"{topology.batch_size} (G = {_count(g, 'sample')} a step) trains {kept} of them and {drops}: "
             f"{_count(lost, 'sample')} lost")
     ran = sorted({len(b) for b in per_rank})

@@ -87,7 +87,7 @@ from typing import IO, Any
 
 from conformance.adapter import CanonicalRow, close, describe_exception, is_refusal
 from conformance.assertions import assert_equal, check
-from conformance.provenance import check_provenance, pair_counts, promised_pairs
+from conformance.provenance import EpochCoverage, check_epoch_coverage, check_provenance, pair_counts, promised_pairs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT = 180.0
@@ -165,6 +165,9 @@ class RankJob:
     process_group: bool | None = None
     """Join a gloo ``torch.distributed`` group (file rendezvous) before building, for loaders that read it
     (None: when the adapter sets ``process_group = True``)."""
+    global_state: bool = False
+    """The adapter declares ``state:global``: every rank's checkpoint holds the job's one state, where every rank
+    stood (:meth:`RankRun.cut`)."""
 
 
 @dataclasses.dataclass
@@ -212,9 +215,25 @@ class RankRun:
         The state a rank of ``after`` loads is the cut: with ``restore="own"`` each rank's own (all it
         trained); with ``restore="rank0"`` rank 0's, so a rank that was ahead of rank 0 redoes its batches past
         rank 0's count (they came after the checkpoint, as batches trained after a checkpoint and lost in a crash).
+        With a global state (``job.global_state``) rank 0's copy holds every rank's own position, so each rank's
+        cut is its own count whichever copy it restores (:meth:`check_global_state` checks the copies are equal).
         """
         saved = self.saved_steps()
+        if self.job.global_state:
+            return saved[rank]
         return saved[0] if after.restore == "rank0" else saved[rank % len(saved)]
+
+    def check_global_state(self, repro: dict[str, Any]) -> None:
+        """With ``job.global_state``, fail unless every rank saved the same state (the declared ``state:global``)."""
+        __tracebackhide__ = True
+        if not self.job.global_state:
+            return
+        states = [json.loads((self.checkpoint_dir / f"rank{r}.json").read_text(encoding="utf-8"))["state"]
+                  for r in range(self.job.world_size)]
+        differ = [r for r, state in enumerate(states) if state != states[0]]
+        check(not differ, clause="RES-6", what=f"the adapter declares state:global, but rank(s) {differ} saved a "
+                                               f"state other than rank 0's: {states[differ[0]] if differ else ''!r} "
+                                               f"vs {states[0]!r}", repro=repro)
 
     def kept(self, after: RankJob) -> list[list[list[CanonicalRow]]]:
         """Per rank, its batches up to the cut that ``after`` restores (:meth:`cut`).
@@ -607,8 +626,15 @@ def _repro(job: RankJob, **extra: Any) -> dict[str, Any]:
             "world_size": job.world_size, "batch_size": job.batch_size, **extra}
 
 
-def grade_epoch(run: RankRun, *, universe: Counter[tuple[int, int]] | None = None) -> None:
-    """One uninterrupted epoch on separate processes: provenance, lockstep, at most once, < 1 global batch lost."""
+def grade_epoch(run: RankRun, *, universe: Counter[tuple[int, int]] | None = None,
+                coverage: EpochCoverage | None = None) -> None:
+    """One uninterrupted epoch on separate processes: provenance, lockstep, at most once, < 1 global batch lost.
+
+    With ``coverage``, the account an adapter declares for its own end rule
+    (``conformance.provenance.declared_coverage``), the epoch must train
+    exactly the samples it keeps (:func:`check_epoch_coverage`), and the pairs
+    lost are bounded by the samples it drops instead of one global batch.
+    """
     __tracebackhide__ = True
     from reference.packing import PackingConfig
 
@@ -626,18 +652,27 @@ def grade_epoch(run: RankRun, *, universe: Counter[tuple[int, int]] | None = Non
     check(not twice, clause="PART-1", what=f"{len(twice)} (doc, offset) pairs were trained by more than one step or "
                                            f"rank in the epoch, e.g. {twice[:8]}", repro=repro)
     room = job.world_size * job.batch_size * packing.seq_len
+    streams = 1
+    if coverage is not None:
+        from reference.resume import Topology
+
+        check_epoch_coverage(run.batches, job.corpus, _pipeline_config(job.config),
+                             Topology(world_size=job.world_size, batch_size=job.batch_size,
+                                      num_workers=job.num_workers), coverage, repro=repro)
+        room, streams = (coverage.samples - coverage.kept) * packing.seq_len + 1, coverage.streams
     if universe is not None:
         lost = sorted(set(universe) - set(counts))
-        check(len(lost) < room, clause="PART-1",
+        check(len(lost) < room, clause=coverage.clause if coverage is not None else "PART-1",
               what=f"{len(lost)} pairs the loader trains on one rank were left untrained on {job.world_size} "
-                   f"processes (a global batch holds at most {room}), e.g. {lost[:8]}", repro=repro)
+                   f"processes (allowed: fewer than {room}), e.g. {lost[:8]}", repro=repro)
     promise = promised_pairs(job.corpus, packing)
     if promise is not None:
         pairs, tail = promise
         missing = sorted(pairs - set(counts))
-        check(len(missing) < room + tail, clause="PACK-7" if packing.mode == "concat" else "PACK-18",
+        allowed = room + streams * tail - (streams - 1)
+        check(len(missing) < allowed, clause="PACK-7" if packing.mode == "concat" else "PACK-18",
               what=f"{len(missing)} within-document pairs that {packing.mode!r} promises were never trained "
-                   f"(allowed: fewer than {room + tail}), e.g. {missing[:8]}", repro=repro)
+                   f"(allowed: fewer than {allowed}), e.g. {missing[:8]}", repro=repro)
 
 
 def grade_resume(whole: RankRun, parts: Sequence[RankRun]) -> None:
@@ -654,6 +689,8 @@ def grade_resume(whole: RankRun, parts: Sequence[RankRun]) -> None:
     for p in parts:
         check(not p.refusals(), clause="RES-1", what=f"a state was refused on the topology that wrote it: "
                                                      f"{p.refusals()}", repro=repro)
+        if p.checkpointed:
+            p.check_global_state(repro)
     kept = [p.kept(nxt.job) for p, nxt in itertools.pairwise(parts)] + [parts[-1].batches]
     for r in range(whole.job.world_size):
         joined = [b for k in kept for b in k[r]]
@@ -665,7 +702,8 @@ def grade_resume(whole: RankRun, parts: Sequence[RankRun]) -> None:
                           "processes restarted from the last one's checkpoint", repro=repro)
 
 
-def grade_topology_change(head: RankRun, after: RankRun, *, universe: Counter[tuple[int, int]]) -> str:
+def grade_topology_change(head: RankRun, after: RankRun, *, universe: Counter[tuple[int, int]],
+                          coverage: EpochCoverage | None = None) -> str:
     """A checkpoint of ``head`` loaded by a job of another topology: an explicit refusal, or exactly once.
 
     Returns ``"refused"`` or ``"continued"``; an exception on the load that is
@@ -674,6 +712,9 @@ def grade_topology_change(head: RankRun, after: RankRun, *, universe: Counter[tu
     out of lockstep fail with the clause. With a rank ahead at the checkpoint
     (``head.job.ahead``) every rank must restore rank 0's state, and the
     batches past rank 0's count are not counted as trained (:meth:`RankRun.cut`).
+    ``coverage``: the account an adapter declares for the rest of the
+    checkpoint's epoch on ``after``'s topology (``declared_coverage`` with the
+    state); the pairs lost are then bounded by the samples it drops.
     """
     __tracebackhide__ = True
     from reference.packing import PackingConfig
@@ -692,6 +733,7 @@ def grade_topology_change(head: RankRun, after: RankRun, *, universe: Counter[tu
         check(not bad, clause="RES-4", what=f"loading the state raised an exception that is not one of the adapter's "
                                             f"declared refusal_types, a failure: {shown}", repro=repro)
         return "refused"
+    head.check_global_state(repro)
     kept = [row for batches in head.kept(j2) for batch in batches for row in batch]
     trained = pair_counts(kept, epoch=0) + pair_counts(after.rows(), epoch=0)
     twice = sorted(p for p, c in trained.items() if c > 1)
@@ -700,6 +742,8 @@ def grade_topology_change(head: RankRun, after: RankRun, *, universe: Counter[tu
                                           f"epoch, e.g. {twice[:8]}", repro=repro)
     g1, g2 = j1.world_size * j1.batch_size, j2.world_size * j2.batch_size
     room = max(g1, g2) * packing.seq_len
+    if coverage is not None:
+        room = (coverage.samples - coverage.kept) * packing.seq_len + 1
     lost = sorted(set(universe) - set(trained))
     check(len(lost) < room, clause="RES-4", what=f"after resuming on {j2.world_size} processes x batch "
                                                  f"{j2.batch_size} x {j2.num_workers} workers, {len(lost)} pairs were never trained (allowed: "

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from impl.errors import ConfigError, is_int, require
 from impl.partition import distributed_topology
 from impl.stream_mixing import StreamMixture
-from impl.streaming import STATE_KEY, StreamingDataset
+from impl.streaming import SKIPPED_KEY, STATE_KEY, StreamingDataset
 
 __all__ = ["StreamingLoader"]
 
@@ -100,6 +100,9 @@ class StreamingLoader:
                 while not queues[k]:
                     batch = next(iterator)
                     meta = batch.pop(STATE_KEY)
+                    skipped = batch.pop(SKIPPED_KEY, None)     # a worker's bad lines (STREAM-17)
+                    if skipped and isinstance(ds, StreamingDataset):
+                        ds.add_worker_skipped(skipped)
                     queues[meta[1]].append((meta, batch))
                 meta, out = queues[k].popleft()
                 if meta[2] is None:

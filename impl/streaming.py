@@ -94,6 +94,8 @@ from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, Streami
 __all__ = ["STATE_KEY", "SkippedRowsWarning", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
 STATE_KEY = "_loadspec_stream"
+SKIPPED_KEY = "_loadspec_skipped"
+"""A batch entry ``{unit: bad lines}`` a worker sends to ``impl.stream_loader`` (STREAM-17), popped before use."""
 """The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
 _MODES = ("concat", "chunk")
 
@@ -126,8 +128,32 @@ def _resolve(spec: Any) -> Any:
 _ENCODER: dict[str, Any] = {}
 
 
+def _worker_threads() -> int | None:
+    """In a DataLoader worker, its share of this process's cores for the tokenizer's thread pool; else None.
+
+    Why: ``tokenizers`` encodes a batch on a thread pool as wide as the
+    machine, and every worker builds its own, so K workers run K pools of
+    all the cores each and mostly wait on each other. Each worker takes
+    ``cores // K`` threads (at least 1): 16 cores and 8 workers give 2 each.
+    """
+    info = get_worker_info()
+    if info is None:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, info.num_workers))
+
+
 def _encoder(tok_json: str) -> Any:
-    """A batch encoder for ``tok_json``, parsed once per process rather than once per pass."""
+    """A batch encoder for ``tok_json``, parsed once per process rather than once per pass.
+
+    In a DataLoader worker the tokenizer's pool is sized before its first use
+    (``RAYON_NUM_THREADS`` = :func:`_worker_threads`), unless the user set it;
+    also when a forked worker inherits the parent's encoder, whose pool starts
+    in the worker at its first encode.
+    """
+    threads = _worker_threads()
+    if threads is not None:
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     encode = _ENCODER.get(tok_json)
     if encode is None:
         from tokenizers import Tokenizer
@@ -309,13 +335,20 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         Each unit counts once however often it is read; the units read
         include the census of ``world_size > 1`` (every unit), so there the
         count is the whole source's. A DataLoader worker counts in its own
-        process and reports by the warning it issues.
+        process and warns there; under ``build_dataloader`` (``impl.stream_loader``)
+        its counts also come with its batches, so this count in the training
+        process is the total over its workers.
         """
         out: dict[str, int] = {}
         for u, n in sorted(self._skipped_units.items()):
             where = self.files.where(self.index.files[self.index.units[u].file][0])
             out[where] = out.get(where, 0) + n
         return out
+
+    def add_worker_skipped(self, units: Mapping[int, int]) -> None:
+        """Count the skipped lines a DataLoader worker sent with a batch (``SKIPPED_KEY``), each unit once."""
+        for u, n in units.items():
+            self._skipped_units.setdefault(int(u), int(n))
 
     def _note_skipped(self, u: int, texts: Sequence[str | None]) -> None:
         """Count and report a unit's skipped lines once per process (never silently, STREAM-17)."""
@@ -533,6 +566,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         lanes = self.worker_lanes(num_workers)[worker]
         source = (self._lazy(tokens, lanes) if self.world_size == 1 else
                   self._scheduled(tokens, num_workers, worker))
+        sent: set[int] = set()
         for rows, snaps in source:
             batch: dict[str, Any] = {name: torch.from_numpy(np.stack([s[name] for _, _, s in rows]))
                                      for name in ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")}
@@ -542,9 +576,24 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             cu, max_seqlen = batch_cu_seqlens(batch["position_ids"].numpy(), batch["doc_ids"].numpy())
             batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(cu), max_seqlen
             batch[STATE_KEY] = (self.epoch, worker, snaps)
+            if markers:
+                self._send_skipped(batch, sent)
             yield batch
         if markers:
-            yield {STATE_KEY: (self.epoch, worker, None)}
+            yield self._send_skipped({STATE_KEY: (self.epoch, worker, None)}, sent)
+
+    def _send_skipped(self, batch: dict[str, Any], sent: set[int]) -> dict[str, Any]:
+        """Put the units with skipped lines this process found since the last batch under ``SKIPPED_KEY``.
+
+        Why: a DataLoader worker counts in its own process; the loader that
+        hands its batches out merges these into the dataset it holds, so
+        ``skipped`` in the training process is the total over its workers.
+        """
+        new = {u: n for u, n in self._skipped_units.items() if u not in sent}
+        if new and get_worker_info() is not None:
+            batch[SKIPPED_KEY] = new
+            sent.update(new)
+        return batch
 
     def apply(self, meta: Any) -> None:
         """Record a handed-out batch: its lanes' snapshots become the state (STREAM-13)."""

@@ -380,6 +380,7 @@ def decode_line(where: str, fmt: str, offset: int, line: bytes, text_field: str)
 
 
 ON_ERROR = ("raise", "skip")
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def read_unit(files: FileAccess, index: UnitIndex, unit: int, text_field: str = "text",
@@ -404,8 +405,12 @@ def read_unit(files: FileAccess, index: UnitIndex, unit: int, text_field: str = 
     lines = chunk.split(b"\n")
     if chunk.endswith(b"\n"):
         lines.pop()
+    if u.start == 0 and lines and lines[0].startswith(UTF8_BOM):    # a file's leading BOM is not text (STREAM-2)
+        lines[0] = lines[0][len(UTF8_BOM):]
+        offset = len(UTF8_BOM)
+    else:
+        offset = u.start
     out: list[str | None] = []
-    offset = u.start
     for line in lines:
         try:
             out.append(decode_line(where, fmt, offset, line, text_field))

@@ -142,6 +142,10 @@ def range_lines(data: bytes, start: int, stop: int) -> list[bytes]:
     return lines[:-1] if chunk.endswith(b"\n") else lines
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+"""A UTF-8 byte order mark: at a text file's first byte it marks the encoding and is not text (STREAM-2)."""
+
+
 def _decode(file: TextFile, offset: int, line: bytes, text_field: str) -> str:
     """One line as text (STREAM-2): UTF-8; for jsonl the string at ``text_field`` of the line's JSON object."""
     try:
@@ -276,9 +280,11 @@ def read_unit(files: Sequence[SourceFile], index: UnitIndex, unit: int, text_fie
     if isinstance(f, ArrowStreamFile):
         return list[str | None](stream_rows(f, u.start))
     require(on_error in ON_ERROR, ConfigError, f"on_error={on_error!r} must be one of {ON_ERROR}")
+    lines, offset = range_lines(f.data, u.start, u.stop), u.start
+    if u.start == 0 and lines and lines[0].startswith(UTF8_BOM):    # a file's leading BOM is not text (STREAM-2)
+        lines[0], offset = lines[0][len(UTF8_BOM):], len(UTF8_BOM)
     out: list[str | None] = []
-    offset = u.start
-    for line in range_lines(f.data, u.start, u.stop):
+    for line in lines:
         try:
             out.append(_decode(f, offset, line, text_field))
         except SourceError:

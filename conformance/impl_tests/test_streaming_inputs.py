@@ -1,5 +1,6 @@
 """impl.streaming on real input: bad files refused by name, a foreign checkpoint refused, the index cache,
-DataLoader workers, and the streaming epoch equal to a TokenStore's (STREAM-2, 4, 5, 10, 11, 15, 16)."""
+DataLoader workers, and the streaming epoch equal to a TokenStore's, a file behind a byte order mark too
+(STREAM-2, 4, 5, 10, 11, 15, 16)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,51 @@ def test_without_shuffle_one_lane_streams_the_token_store_s_epoch(tmp_path):
                                 ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets"))
 
 
+@pytest.mark.clause("STREAM-2", "STREAM-16")
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_a_file_behind_a_byte_order_mark_streams_as_its_token_store_does(tmp_path, kind):
+    """A BOM at a file's first byte is not text: the first row streams as a TokenStore build reads it (utf-8-sig)."""
+    from impl.dataset import PackedDataset
+    from impl.store import TokenStore
+
+    rows = ["first row here", *ROWS[:9]]
+    body = ("\n".join(rows) + "\n" if kind == "txt" else "".join(json.dumps({"text": r}) + "\n" for r in rows))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / f"bom.{kind}").write_bytes(b"\xef\xbb\xbf" + body.encode())
+    store = TokenStore.build(tmp_path / "src", tokenizer()[0], tmp_path / "store", progress=False)
+    packed = PackedDataset(store, seq_len=5, packing="concat")
+    stream = [row for batch in impl_rows(_ds([str(tmp_path / "src" / f"bom.{kind}")], seq_len=5, unit_bytes=40))
+              for row in batch]
+    assert len(stream) == len(packed) > 3
+    for i, row in enumerate(stream):
+        sample = packed[i]
+        assert row[3:] == tuple(tuple(sample[f].tolist()) for f in
+                                ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")), f"sample {i}"
+
+
+def test_each_dataloader_worker_sizes_its_tokenizer_pool_to_its_share_of_the_cores(tmp_path, monkeypatch):
+    """K workers each running a thread pool of every core oversubscribe the machine: each takes cores // K."""
+    from impl import streaming
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    original = streaming._encoder
+
+    def recording(tok_json):
+        encode = original(tok_json)
+        (tmp_path / f"worker-{os.getpid()}").write_text(os.environ.get("RAYON_NUM_THREADS", "unset"))
+        return encode
+
+    monkeypatch.setattr(streaming, "_encoder", recording)
+    names, _ = write(tmp_path / "d", [("jsonl", [ROWS])])
+    loader = build_dataloader(_ds(names, num_lanes=2, unit_bytes=40), batch_size=2, num_workers=2,
+                              multiprocessing_context="fork")
+    assert len(list(loader)) > 2
+    seen = {p.name: p.read_text() for p in tmp_path.glob("worker-*")}
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert len(seen) == 2 and set(seen.values()) == {share}, seen
+    assert "RAYON_NUM_THREADS" not in os.environ
+
+
 @pytest.mark.clause("STREAM-10", "STREAM-12")
 def test_torch_s_own_dataloader_with_workers_yields_every_sample_of_the_reference_epoch(tmp_path):
     from torch.utils.data import DataLoader
@@ -233,6 +279,19 @@ def test_skip_drops_bad_lines_like_the_reference_counts_them_by_file_and_resumes
     resumed = [row for batch in impl_rows(again) for row in batch]
     assert sorted(resumed) == sorted(row for batch in rest for row in batch
                                      if row[2] >= state["lanes"][str(row[1])]["samples"])
+
+
+@pytest.mark.clause("STREAM-17")
+@pytest.mark.filterwarnings("ignore::impl.streaming.SkippedRowsWarning")
+def test_with_dataloader_workers_the_training_process_counts_every_workers_skipped_lines(tmp_path):
+    from impl.streaming import SKIPPED_KEY
+
+    path = tmp_path / "dirty.jsonl"
+    path.write_bytes(DIRTY)
+    ds = _ds([str(path)], seq_len=3, num_lanes=2, unit_bytes=40, on_error="skip")
+    batches = list(build_dataloader(ds, batch_size=1, num_workers=2, multiprocessing_context="fork"))
+    assert len(batches) > 2 and not any(SKIPPED_KEY in b for b in batches)
+    assert ds.skipped == {str(path): 3}
 
 
 def test_on_error_must_be_raise_or_skip(tmp_path):

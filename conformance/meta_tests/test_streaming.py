@@ -147,6 +147,27 @@ def test_a_malformed_jsonl_line_is_refused_naming_the_file_and_its_byte_offset()
                         what="bytes that are not UTF-8", mentions=["t.txt", "UTF-8"])
 
 
+@pytest.mark.clause("STREAM-2")
+def test_a_byte_order_mark_at_a_files_first_byte_is_not_text_in_txt_jsonl_or_gzip():
+    import gzip
+
+    bom = b"\xef\xbb\xbf"
+    cases = [TextFile(path="a.txt", data=bom + b"hi\n\xef\xbb\xbfkept\n"),
+             TextFile(path="b.jsonl", data=bom + b'{"text": "hi"}\n{"text": "\xef\xbb\xbfkept"}\n', format="jsonl"),
+             TextFile(path="c.txt.gz", data=bom + b"hi\n\xef\xbb\xbfkept\n", compressed=True,
+                      size=len(gzip.compress(bom + b"hi\n")))]
+    for f in cases:
+        for unit_bytes in (1, 1 << 20):
+            index = build_index([f], unit_bytes)
+            rows = [row for u in range(len(index.units)) for row in read_unit([f], index, u)]
+            assert_equal(rows, ["hi", "\ufeffkept"], clause="STREAM-2",
+                         what=f"rows of {f.path} behind a BOM (unit_bytes={unit_bytes}): only the file's first "
+                              "bytes are a mark, a BOM inside the text is text")
+    bad = TextFile(path="d.jsonl", data=bom + b"not json\n", format="jsonl")
+    assert_raises_typed(SourceError, read_unit, [bad], build_index([bad]), 0, clause="STREAM-2",
+                        what="a bad first line behind a BOM", mentions=["d.jsonl", "byte 3"])
+
+
 @pytest.mark.clause("STREAM-3", "STREAM-4")
 def test_a_compressed_file_is_one_unit_and_each_row_group_is_one():
     gz = TextFile(path="a.txt.gz", data=b"p\nq\nr\n", compressed=True, size=5)

@@ -35,6 +35,7 @@ from conformance.assertions import ClauseViolation, check
 from conformance.provenance import (
     check_epoch_coverage,
     check_provenance,
+    declared_coverage,
     describe_pairs,
     expected_coverage,
     pair_counts,
@@ -145,7 +146,9 @@ def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus,
     (``conformance.provenance.expected_coverage``): the epoch must train that
     many distinct samples. Only the bin modes under a shuffled order, whose
     sample count depends on the loader's order, fall back to comparing with
-    the loader's own run on one rank with batch size 1.
+    the loader's own run on one rank with batch size 1. An adapter whose
+    loader ends an epoch by a rule of its own declares the exact account of
+    that rule (``epoch_coverage``, ``conformance.provenance.declared_coverage``).
     """
     config = data.draw(_configs(loadspec_adapter))
     topology = data.draw(_topologies(loadspec_adapter, 3), label="topology")
@@ -154,7 +157,8 @@ def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus,
     with tempfile.TemporaryDirectory() as tmp:
         with Built(loadspec_adapter, corpus, config, topology, Path(tmp)) as loaders:
             per_rank = _epoch(loaders)
-        coverage = expected_coverage(corpus, config, topology, order_known=bit_exact)
+        coverage = (declared_coverage(loadspec_adapter, corpus, config, topology)
+                    or expected_coverage(corpus, config, topology, order_known=bit_exact))
         universe = _universe(loadspec_adapter, corpus, config, Path(tmp)) if coverage is None else None
     trained = pair_counts(_rows(per_rank))
     g, seq_len = topology.world_size * topology.batch_size, config.packing.seq_len
@@ -174,7 +178,7 @@ def test_fewer_than_one_global_batch_is_left_untrained(loadspec_adapter, corpus,
     if promise is not None:
         pairs, tail = promise
         missing = sorted(pairs - set(trained))
-        allowed = dropped + max(tail - 1, 0)
+        allowed = dropped + (coverage.streams if coverage is not None else 1) * max(tail - 1, 0)
         check(len(missing) <= allowed, clause="PACK-7" if config.packing.mode == "concat" else "PACK-18",
               what=f"{len(missing)} within-document pairs that {config.packing.mode!r} promises were never trained "
                    f"(allowed: {allowed}, the samples end={config.end!r} drops and the stream's tail): "
@@ -238,26 +242,39 @@ def test_resuming_after_k_steps_continues_the_uninterrupted_stream_also_when_res
                                     f"the state after {j} more": states2[r]})
 
 
-def _resumed(ld: Any, state: Any, j: int, *, skip_empty_pass: bool) -> tuple[list[list[Any]], Any]:
-    """The rest of the pass after loading ``state``, and the state after its first ``j`` batches.
+def _resumed(loaders: list[Any], states: list[Any], j: int, *,
+             skip_empty_pass: bool) -> tuple[list[list[list[Any]]], list[Any]]:
+    """Every rank's rest of the pass after loading its state, and each rank's state after its first ``j`` batches.
+
+    The ranks run in lockstep, as a job's do: each takes its next batch in
+    turn, and a rank's state is taken once every rank has taken its ``j``-th
+    (a state that is a collective over the ranks, ``state:global``, is then
+    asked at one step of all of them; a rank's own state is the same either way).
 
     ``skip_empty_pass``: the state was taken when epoch 0's last step had been
     handed out but its pass had not ended; a loader may then still be in
     epoch 0 (an empty pass ends it) or already in epoch 1, and either is
     right, so an empty first pass is followed by the next one.
     """
-    ld.load_state_dict(state)
-    later = json.loads(json.dumps(ld.state_dict())) if j == 0 else None
-    batches: list[list[Any]] = []
-    for _ in range(2 if skip_empty_pass else 1):
-        for batch in ld:
-            batches.append(list(batch))
-            if len(batches) == j:
-                later = json.loads(json.dumps(ld.state_dict()))
-        if batches:
-            break
-    if later is None:  # fewer than j batches: the comparison names the difference
-        later = json.loads(json.dumps(ld.state_dict()))
+    for ld, state in zip(loaders, states):
+        ld.load_state_dict(state)
+    later = [json.loads(json.dumps(ld.state_dict())) if j == 0 else None for ld in loaders]
+    batches: list[list[list[Any]]] = [[] for _ in loaders]
+    for first_pass in ([True, False] if skip_empty_pass else [True]):
+        live = {r: iter(ld) for r, ld in enumerate(loaders) if first_pass or not batches[r]}
+        while live:
+            for r, it in list(live.items()):
+                batch = next(it, None)
+                if batch is None:
+                    del live[r]
+                else:
+                    batches[r].append(list(batch))
+            for r, ld in enumerate(loaders):
+                if later[r] is None and len(batches[r]) == j:
+                    later[r] = json.loads(json.dumps(ld.state_dict()))
+    for r, ld in enumerate(loaders):
+        if later[r] is None:  # fewer than j batches: the comparison names the difference
+            later[r] = json.loads(json.dumps(ld.state_dict()))
     return batches, later
 
 
@@ -299,11 +316,9 @@ def test_resuming_in_a_later_epoch_continues_that_epochs_stream_also_when_resume
             states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
         j = min(j, min(map(len, epoch1)) - k)
         with build() as loaders:
-            once, states2 = zip(*(_resumed(ld, state, j, skip_empty_pass=last_step)
-                                  for ld, state in zip(loaders, states)))
+            once, states2 = _resumed(loaders, states, j, skip_empty_pass=last_step)
         with build() as loaders:
-            rest = [_resumed(ld, state, 0, skip_empty_pass=last_step and j == 0)[0]
-                    for ld, state in zip(loaders, states2)]
+            rest = _resumed(loaders, states2, 0, skip_empty_pass=last_step and j == 0)[0]
     where = f"after {at}" + (f" ({k} steps)" if at == "mid epoch 1" else "")
     repro = _repro(corpus, config, topology, at=at, k=k, j=j)
     for r in range(topology.world_size):
@@ -367,6 +382,7 @@ def _topology_change(adapter, corpus, config, before: Topology, after: Topology,
     resumed from it continues exactly as one resumed from rank 0's state of a
     job whose ranks all took rank 0's count in lockstep.
     """
+    global_state = "state:global" in adapter.capabilities
     with tempfile.TemporaryDirectory() as tmp:
         universe = _universe(adapter, corpus, config, Path(tmp))
         with Built(adapter, corpus, config, before, Path(tmp)) as loaders:
@@ -375,6 +391,11 @@ def _topology_change(adapter, corpus, config, before: Topology, after: Topology,
                      for r, it in enumerate(iterators)]
             states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
             del iterators      # a partly read iterator's DataLoader workers stop now, not when the workdir is gone
+        if global_state:       # rank 0's copy is every rank's own position: no rank redoes or skips a batch
+            differ = [r for r, state in enumerate(states) if state != states[0]]
+            check(not differ, clause="RES-6", what=f"the adapter declares state:global, but rank(s) {differ} "
+                                                   f"returned a state other than rank 0's", repro=repro)
+            ahead = None
         cut = len(taken[0])    # rank 0's count: a rank ahead of it redoes the batches past it
         trained = pair_counts(_rows([b[:cut] if ahead is not None else b for b in taken]), epoch=0)
         loaded = [states[0] if restore == "rank0" else states[r % before.world_size] for r in range(after.world_size)]
@@ -410,6 +431,11 @@ def _topology_change(adapter, corpus, config, before: Topology, after: Topology,
     g1, g2 = before.world_size * before.batch_size, after.world_size * after.batch_size
     behind = g1 if ahead == 0 else 0   # rank 0 ahead: the others skip their batch of that step
     room = (max(g1, g2) + behind) * config.packing.seq_len
+    ended = any(len(b) < k + (1 if r == ahead else 0) for r, b in enumerate(taken))   # epoch 0 ended before the cut
+    coverage = (None if not global_state else declared_coverage(adapter, corpus, config, before) if ended
+                else declared_coverage(adapter, corpus, config, after, state=loaded[0]))
+    if coverage is not None:           # the loader's own end rule drops exactly what it declares, in epoch 0
+        room = (coverage.samples - coverage.kept) * config.packing.seq_len + 1
     lost = sorted(set(universe) - set(trained))
     check(len(lost) < room, clause="RES-4", what=f"after resuming on {after}, {len(lost)} pairs were never trained "
                                                  f"(allowed: fewer than {room}), e.g. {lost[:8]}", repro=repro)
@@ -431,7 +457,9 @@ def test_a_state_loaded_on_another_topology_is_refused_or_continues_exactly_once
     and rank 0 one batch ahead of the others when it wrote the checkpoint
     (``skew``, with rank 0's state: a job whose ranks each save their own
     state out of lockstep has no consistent checkpoint to grade). The other
-    direction, the last rank ahead, is the next test.
+    direction, the last rank ahead, is the next test. With ``state:global``
+    every rank holds the same state, where each rank stood: no rank redoes
+    or skips a batch.
     """
     config = data.draw(_configs(loadspec_adapter))
     before, after = data.draw(_topology_changes("workers" in loadspec_adapter.capabilities,

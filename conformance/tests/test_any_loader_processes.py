@@ -26,6 +26,7 @@ declares), so every run is the same and short.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from pathlib import Path
 
@@ -33,6 +34,7 @@ import pytest
 
 from conformance.adapter import required_capabilities
 from conformance.plugin import load_adapter
+from conformance.provenance import declared_coverage
 from conformance.ranks import RankJob, grade_epoch, grade_resume, grade_topology_change, launch, universe
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
@@ -74,7 +76,8 @@ class Kit:
     def job(self, world_size: int, batch_size: int, **kw) -> RankJob:
         assert self.config is not None
         return RankJob(loader=self.spec, corpus=self.corpus, config=self.config.to_json(), world_size=world_size,
-                       batch_size=batch_size, node_dir=str(self.workdir / "node"), wait_timeout=60.0, **kw)
+                       batch_size=batch_size, node_dir=str(self.workdir / "node"), wait_timeout=60.0,
+                       global_state="state:global" in self.adapter.capabilities, **kw)
 
     def launch(self, job: RankJob):
         self._launches += 1
@@ -86,6 +89,13 @@ class Kit:
         if key not in self._whole:
             self._whole[key] = self.launch(self.job(world_size, batch_size, num_workers=num_workers))
         return self._whole[key]
+
+    def coverage(self, world_size: int, batch_size: int, num_workers: int = 0, state=None):
+        """The account the adapter declares for its own end rule (``declared_coverage``), of epoch 0 or from ``state``."""
+        assert self.config is not None
+        return declared_coverage(self.adapter, self.corpus, self.config,
+                                 Topology(world_size=world_size, batch_size=batch_size, num_workers=num_workers),
+                                 state=state)
 
     def universe(self):
         if self._universe is None:
@@ -109,7 +119,7 @@ def driven(kit, loadspec_adapter) -> Kit:
 @pytest.mark.clause("PART-1", "PACK-4", "PACK-7")
 @pytest.mark.parametrize(("world", "batch"), [(2, 2), (3, 1)])
 def test_ranks_in_separate_processes_run_equal_steps_and_train_every_pair_at_most_once(driven, world, batch):
-    grade_epoch(driven.whole(world, batch), universe=driven.universe())
+    grade_epoch(driven.whole(world, batch), universe=driven.universe(), coverage=driven.coverage(world, batch))
 
 
 @pytest.mark.clause("RES-1", "RES-6")
@@ -159,7 +169,11 @@ def _topology_change(driven, before, after, restore="own", ahead=None) -> None:
     resumed = driven.launch(dataclasses.replace(
         driven.job(*after[:2], num_workers=after[2] if len(after) > 2 else 0, restore=restore),
         resume_from=str(head.checkpoint_dir)))
-    grade_topology_change(head, resumed, universe=driven.universe())
+    coverage = None
+    if head.checkpointed and "state:global" in driven.adapter.capabilities:
+        state = json.loads((head.checkpoint_dir / "rank0.json").read_text(encoding="utf-8"))["state"]
+        coverage = driven.coverage(*after[:2], num_workers=after[2] if len(after) > 2 else 0, state=state)
+    grade_topology_change(head, resumed, universe=driven.universe(), coverage=coverage)
 
 
 @pytest.mark.clause("RES-4", "PART-3", "PART-8")

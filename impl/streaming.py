@@ -1,7 +1,8 @@
 """StreamingDataset: raw jsonl / txt / parquet / Arrow files tokenized on the fly, in lanes, with exact, elastic resume.
 
-Conforms to STREAM-1 .. STREAM-15, STREAM-17 .. STREAM-19 (docs/SEMANTICS.md, "Streaming"; units
-through ``impl.units``, HF sources through ``impl.hf_sources``, lanes through ``impl.stream_lanes``); its model is
+Conforms to STREAM-1 .. STREAM-15, STREAM-17 .. STREAM-21 (docs/SEMANTICS.md, "Streaming"; units
+through ``impl.units``, HF sources through ``impl.hf_sources``, lanes through ``impl.stream_lanes``,
+batched maps through ``impl.stream_maps``, row tokens through ``impl.stream_tokens``); its model is
 ``reference.streaming.StreamingReferenceLoader``: for the same files,
 config, tokenizer and topology, the batches are the reference's, sample for
 sample, and ``state_dict()`` is the reference's JSON (STREAM-13).
@@ -16,7 +17,7 @@ consumed batches, never prefetched ones. :func:`impl.loader.build_dataloader`
 does that (and puts workers' batches in STREAM-11's order); without workers,
 iterating the dataset applies them itself.
 
-Why the tokenizer is loaded lazily: the dataset holds the tokenizer's JSON
+Why the tokenizer is loaded lazily (:mod:`impl.stream_tokens`): the dataset holds the tokenizer's JSON
 (a string: it pickles cheaply under ``spawn``) and each process builds its
 ``tokenizers.Tokenizer`` on first use, so a forked worker never inherits a
 tokenizer's thread pool. Rows are encoded a unit at a time
@@ -44,7 +45,6 @@ Worked example (a training loop that checkpoints, resumed on another world size)
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import os
@@ -57,7 +57,6 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from impl.collation import batch_cu_seqlens
-from impl.encoding import resolve_tokenizer
 from impl.errors import ConfigError, StateError, TokenizerError, is_int, require
 from impl.files import FileAccess, LocalFiles
 from impl.hf_sources import hf_paths
@@ -86,6 +85,7 @@ from impl.stream_maps import (
     unmap_state,
     with_map,
 )
+from impl.stream_tokens import RowTokens, resolve_once
 from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, split_urls
 from reference.packing import PackingConfig
 from reference.stream_maps import BatchedMap
@@ -94,9 +94,9 @@ from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, Streami
 __all__ = ["STATE_KEY", "SkippedRowsWarning", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
 STATE_KEY = "_loadspec_stream"
+"""The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
 SKIPPED_KEY = "_loadspec_skipped"
 """A batch entry ``{unit: bad lines}`` a worker sends to ``impl.stream_loader`` (STREAM-17), popped before use."""
-"""The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
 _MODES = ("concat", "chunk")
 
 
@@ -105,122 +105,6 @@ class SkippedRowsWarning(UserWarning):
 
 
 _Batch = tuple[list[tuple[int, int, dict[str, np.ndarray]]], tuple[tuple[int, LaneSnapshot], ...]]
-_RESOLVED: dict[Any, Any] = {}
-
-
-def _resolve(spec: Any) -> Any:
-    """``impl.encoding.resolve_tokenizer``, remembered for a path whose files are unchanged (it costs ~1 s a call)."""
-    if not isinstance(spec, (str, os.PathLike)):
-        return resolve_tokenizer(spec)
-    path = os.path.abspath(os.fspath(spec))
-    try:
-        names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
-        key = (path, tuple((n, os.stat(os.path.join(path, n) if n else path).st_mtime_ns) for n in names))
-    except OSError:
-        return resolve_tokenizer(spec)
-    if key not in _RESOLVED:
-        _RESOLVED.clear()
-        _RESOLVED[key] = resolve_tokenizer(spec)
-    return _RESOLVED[key]
-
-
-#: The last tokenizer built in this process, by its JSON: every pass (each epoch, each resume) reuses it.
-_ENCODER: dict[str, Any] = {}
-
-
-def _worker_threads() -> int | None:
-    """In a DataLoader worker, its share of this process's cores for the tokenizer's thread pool; else None.
-
-    Why: ``tokenizers`` encodes a batch on a thread pool as wide as the
-    machine, and every worker builds its own, so K workers run K pools of
-    all the cores each and mostly wait on each other. Each worker takes
-    ``cores // K`` threads (at least 1): 16 cores and 8 workers give 2 each.
-    """
-    info = get_worker_info()
-    if info is None:
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, info.num_workers))
-
-
-def _encoder(tok_json: str) -> Any:
-    """A batch encoder for ``tok_json``, parsed once per process rather than once per pass.
-
-    In a DataLoader worker the tokenizer's pool is sized before its first use
-    (``RAYON_NUM_THREADS`` = :func:`_worker_threads`), unless the user set it;
-    also when a forked worker inherits the parent's encoder, whose pool starts
-    in the worker at its first encode.
-    """
-    threads = _worker_threads()
-    if threads is not None:
-        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-    encode = _ENCODER.get(tok_json)
-    if encode is None:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_str(tok_json)
-        tok.no_truncation()
-        tok.no_padding()
-        encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
-        _ENCODER.clear()
-        _ENCODER[tok_json] = encode
-    return encode
-
-
-class _Tokens:
-    """Prepared token arrays of rows by global row number, a unit encoded per read (one process's cache)."""
-
-    def __init__(self, ds: StreamingDataset) -> None:
-        self.ds = ds
-        self._encode: Any = None
-        self.units: dict[int, dict[int, np.ndarray]] = {}
-        self.rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-
-    def encode(self, texts: Sequence[str | None]) -> list[list[int] | None]:
-        """Token ids of each text, a batch per call; None stays None (a row ``on_error="skip"`` dropped, STREAM-17)."""
-        if self._encode is None:
-            self._encode = _encoder(self.ds._tok_json)
-        kept = [t for t in texts if t is not None]
-        encoded = iter([e.ids for e in self._encode(kept, add_special_tokens=False)] if kept else [])
-        return [None if t is None else next(encoded) for t in texts]
-
-    def prepare(self, ids: list[int] | None) -> np.ndarray:
-        if ids is None:      # a skipped row holds no document, whatever BOS / EOS (STREAM-17)
-            return np.empty(0, dtype=np.int64)
-        p = self.ds.config.packing
-        out = ([p.bos_id] if p.add_bos else []) + ids + ([p.eos_id] if p.add_eos else [])
-        return np.array(out, dtype=np.int64)
-
-    def unit_texts(self, u: int, *, census: bool = False) -> list[str | None]:
-        if not census:
-            self.ds.unit_reads += 1
-        texts = read_unit(self.ds.files, self.ds.index, u, self.ds.config.text_field, self.ds.config.on_error)
-        self.ds._note_skipped(u, texts)
-        return texts
-
-    def __call__(self, g: int) -> np.ndarray:
-        arr = self.rows.get(g)
-        if arr is not None:
-            self.rows.move_to_end(g)
-            return arr
-        u = int(np.searchsorted(self.ds._starts, g, side="right")) - 1
-        first = int(self.ds._starts[u])
-        unit = self.units.get(u)
-        if unit is None:
-            ids = self.encode(self.unit_texts(u))
-            unit = self.units[u] = {first + r: self.prepare(t) for r, t in enumerate(ids)}
-        if g in unit:
-            arr = unit.pop(g)
-            if not unit:
-                del self.units[u]
-        else:
-            # Row g was handed out before and has left the row cache (a long row a lane is still packing, while
-            # other lanes read many short ones): read its unit again and keep only that row.
-            arr = self.prepare(self.encode(self.unit_texts(u))[g - first])
-        self.rows[g] = arr
-        while len(self.rows) > 4 * self.ds.config.num_lanes + 16:
-            self.rows.popitem(last=False)
-        return arr
 
 
 def _access(paths: str | Sequence[str], files: FileAccess | None, local: str | os.PathLike[str] | None,
@@ -293,7 +177,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                 "beyond one lane: build a TokenStore and use PackedDataset)")
         require(is_int(batch_size) and batch_size >= 1, ConfigError, f"batch_size={batch_size!r} must be >= 1")
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
-        self._tok_json, info = _resolve(tokenizer)
+        self._tok_json, info = resolve_once(tokenizer)
         for name, wanted, ident in (("add_bos", add_bos, info.bos_id), ("add_eos", add_eos, info.eos_id)):
             require(not wanted or ident is not None, TokenizerError,
                     f"{name}=True but the tokenizer defines no {name[4:]} token; set {name}=False or use a tokenizer "
@@ -369,9 +253,18 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         participant_lanes(self.config.num_lanes, world_size, num_workers, rank, 0)
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
 
-    def row_tokens(self) -> Any:
+    def row_tokens(self) -> RowTokens:
         """A fresh cache of prepared token arrays by global row number (``LaneCursor.next_sample``'s ``tokens``)."""
-        return _Tokens(self)
+        return RowTokens(self._tok_json, self.config.packing, self._starts, self.unit_texts,
+                         keep=4 * self.config.num_lanes + 16)
+
+    def unit_texts(self, u: int, *, census: bool = False) -> list[str | None]:
+        """Unit ``u``'s rows (None for a line ``on_error="skip"`` dropped), counted unless read for the census."""
+        if not census:
+            self.unit_reads += 1
+        texts = read_unit(self.files, self.index, u, self.config.text_field, self.config.on_error)
+        self._note_skipped(u, texts)
+        return texts
 
     def lane_entry(self, epoch: int, lane: int, snap: LaneSnapshot) -> dict[str, Any]:
         """Lane ``lane``'s snapshot as STREAM-13's JSON entry (``impl.stream_mixing`` nests it in its state)."""
@@ -444,7 +337,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
     def windows(self, epoch: int, lane: int) -> list[np.ndarray]:
         return lane_windows(self.index, self._starts, self.config, epoch, lane)
 
-    def lengths(self, tokens: _Tokens) -> np.ndarray:
+    def lengths(self, tokens: RowTokens) -> np.ndarray:
         """Prepared length of every row (the census of STREAM-12), cached under ``index_dir`` when there is one."""
         if self._lengths is not None:
             return self._lengths
@@ -477,7 +370,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             atomic_write_bytes(path, buf.getvalue())
         return self._lengths
 
-    def _plan(self, tokens: _Tokens, num_workers: int) -> tuple[int, dict[int, Any], list[tuple[int, list[int]]]]:
+    def _plan(self, tokens: RowTokens, num_workers: int) -> tuple[int, dict[int, Any], list[tuple[int, list[int]]]]:
         """This pass's steps (STREAM-12), a cursor per lane and the rank's schedule of batches (STREAM-11)."""
         epoch, p = self.epoch, self.config.packing
         cursors = {lane: self._cursor(epoch, lane) for lane in self.lanes}
@@ -514,7 +407,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         if self.epoch == epoch:
             self.set_epoch(epoch + 1)
 
-    def _lazy(self, tokens: _Tokens, lanes: list[int]) -> Iterator[_Batch]:
+    def _lazy(self, tokens: RowTokens, lanes: list[int]) -> Iterator[_Batch]:
         """One rank alone: a worker's batches, no census (STREAM-11, STREAM-12 with W = 1).
 
         With one rank, equal-step truncation keeps every full batch of every
@@ -541,7 +434,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
                 return
             yield rows, tuple(sorted(snaps.items()))
 
-    def _scheduled(self, tokens: _Tokens, num_workers: int,
+    def _scheduled(self, tokens: RowTokens, num_workers: int,
                    worker: int) -> Iterator[_Batch]:
         """Several ranks: the worker's batches among the census's equal steps (STREAM-11, STREAM-12)."""
         _steps, cursors, plan = self._plan(tokens, num_workers)
@@ -562,7 +455,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         dict holding only ``(epoch, worker, None)``, sent only to a loader that
         asked for it (``impl.stream_loader``), never to torch's own DataLoader.
         """
-        tokens = _Tokens(self)
+        tokens = self.row_tokens()
         lanes = self.worker_lanes(num_workers)[worker]
         source = (self._lazy(tokens, lanes) if self.world_size == 1 else
                   self._scheduled(tokens, num_workers, worker))

@@ -143,17 +143,17 @@ def test_a_file_behind_a_byte_order_mark_streams_as_its_token_store_does(tmp_pat
 
 def test_each_dataloader_worker_sizes_its_tokenizer_pool_to_its_share_of_the_cores(tmp_path, monkeypatch):
     """K workers each running a thread pool of every core oversubscribe the machine: each takes cores // K."""
-    from impl import streaming
+    from impl import stream_tokens
 
     monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-    original = streaming._encoder
+    original = stream_tokens.batch_encoder
 
     def recording(tok_json):
         encode = original(tok_json)
         (tmp_path / f"worker-{os.getpid()}").write_text(os.environ.get("RAYON_NUM_THREADS", "unset"))
         return encode
 
-    monkeypatch.setattr(streaming, "_encoder", recording)
+    monkeypatch.setattr(stream_tokens, "batch_encoder", recording)
     names, _ = write(tmp_path / "d", [("jsonl", [ROWS])])
     loader = build_dataloader(_ds(names, num_lanes=2, unit_bytes=40), batch_size=2, num_workers=2,
                               multiprocessing_context="fork")

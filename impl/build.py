@@ -97,8 +97,10 @@ def build_store(
 
     ``num_proc``: worker processes (spawned; ``None`` = CPUs, ``1`` = in this
     process). Ranges of ``docs_per_file`` documents (default
-    :data:`DEFAULT_DOCS_PER_FILE`) become files ``tokens-NNNNN.arrow``; the
-    output is identical for every ``num_proc``. When ``num_proc > 1`` the
+    :data:`DEFAULT_DOCS_PER_FILE`) become files ``tokens-NNNNN.arrow``;
+    workers encode pieces of each file (:func:`impl.build_pool.piece_docs`),
+    so all of them work however few files the source fills, and the output
+    is identical for every ``num_proc``. When ``num_proc > 1`` the
     calling script needs the usual ``if __name__ == "__main__":`` guard;
     without it the build fails at once (:class:`UnguardedMainError` in the
     re-importing worker, :class:`StoreError` naming the guard in the parent)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 import multiprocessing
+import operator
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from impl.build_files import file_record, make_meta, write_encoded, write_token_file
-from impl.build_pool import cpu_count, run_pool, spawn_can_start
+from impl.build_pool import cpu_count, file_pieces, piece_docs, run_pool, spawn_can_start
 from impl.build_progress import BytesProgress, progress_bar
 from impl.build_publish import (
     TOKENIZER_FILE,
@@ -45,7 +45,7 @@ from impl.build_publish import (
 )
 from impl.encoding import Encoder, TokenizerInfo, eos_suggestion, resolve_tokenizer
 from impl.errors import ConfigError, EmptyDataError, TokenizerError, UnguardedMainError
-from impl.sources import Source, rechunk, resolve_source
+from impl.sources import Source, resolve_source
 from impl.store_format import DEFAULT_DOCS_PER_FILE, FILE_TEMPLATE, FORMAT_VERSION, BuildOptions
 
 __all__ = ["PreparedBuild", "build_store", "check_output_path", "prepare_build", "store_from_token_files"]
@@ -97,8 +97,10 @@ def build_store(
 
     ``num_proc``: worker processes (spawned; ``None`` = CPUs, ``1`` = in this
     process). Ranges of ``docs_per_file`` documents (default
-    :data:`DEFAULT_DOCS_PER_FILE`) become files ``tokens-NNNNN.arrow``; the
-    output is identical for every ``num_proc``. When ``num_proc > 1`` the
+    :data:`DEFAULT_DOCS_PER_FILE`) become files ``tokens-NNNNN.arrow``;
+    workers encode pieces of each file (:func:`impl.build_pool.piece_docs`),
+    so all of them work however few files the source fills, and the output
+    is identical for every ``num_proc``. When ``num_proc > 1`` the
     calling script needs the usual ``if __name__ == "__main__":`` guard;
     without it the build fails at once (:class:`UnguardedMainError` in the
     re-importing worker, :class:`StoreError` naming the guard in the parent)
@@ -344,22 +346,24 @@ def _tokenize_into(tmp: Path, src: Source, tok_json: str, tinfo: TokenizerInfo, 
     else:
         bar = progress_bar(progress, src.num_documents)
         batches = src.batches()
-    ranges = rechunk(batches, options.docs_per_file)
     wanted = cpu_count() if num_proc is None else num_proc
-    if src.num_documents is not None:
-        wanted = min(wanted, max(1, math.ceil(src.num_documents / options.docs_per_file)))
-    head: list[list[str]] = []
+    piece = piece_docs(docs_per_file=options.docs_per_file, batch_size=options.batch_size, workers=wanted,
+                       num_documents=src.num_documents)
+    pieces = file_pieces(batches, options.docs_per_file, piece)
+    head: list[tuple[int, list[str]]] = []
     if wanted > 1:
-        # Peek far enough to know whether there is more than one range to share out.
-        head = list(itertools.islice(ranges, wanted))
+        # Peek far enough to know whether there are enough pieces to share out.
+        head = list(itertools.islice(pieces, wanted))
         wanted = min(wanted, len(head))
-    ranges = itertools.chain(head, ranges)
+    pieces = itertools.chain(head, pieces)
     if wanted > 1 and not spawn_can_start():
         wanted = 1
     records: list[dict[str, Any]] = []
     try:
         if wanted <= 1:
             enc = Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=options.batch_size)
+            ranges = (list(itertools.chain.from_iterable(texts for _, texts in group))
+                      for _, group in itertools.groupby(pieces, key=operator.itemgetter(0)))
             for index, texts in enumerate(ranges):
                 rec = write_encoded(enc, str(tmp / FILE_TEMPLATE.format(index)), texts, on_batch=bar.update)
                 records.append(rec)
@@ -370,7 +374,7 @@ def _tokenize_into(tmp: Path, src: Source, tok_json: str, tinfo: TokenizerInfo, 
             tok_file.write_text(tok_json, encoding="utf-8")
             initargs = (str(tok_file), dtype, bos_id, eos_id, options.batch_size, threads, os.getpid())
             try:
-                records = run_pool(tmp, ranges, wanted, initargs, bar)
+                records = run_pool(tmp, pieces, wanted, initargs, bar)
             finally:
                 tok_file.unlink(missing_ok=True)
     finally:

@@ -35,7 +35,7 @@ from impl.store_format import (
     quick_signature,
 )
 
-__all__ = ["file_record", "make_meta", "meta_with_files", "write_encoded", "write_token_file"]
+__all__ = ["file_record", "join_parts", "make_meta", "meta_with_files", "write_encoded", "write_parts", "write_token_file"]
 
 
 # --------------------------------------------------------------------------- token files
@@ -69,11 +69,44 @@ def write_encoded(enc: Encoder, path: str, texts: Sequence[str],
                    on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Tokenize one contiguous range of documents and write it as one token file; return its record.
 
-    This is a worker's whole unit of work (``_worker_write``): workers write
-    and hash finished files, so only the small record travels back to the
-    parent, never the tokens.
+    The in-process build's (and a build task's) unit of work; spawned workers
+    encode pieces of a range instead, and the parent writes the file from
+    them (:func:`write_parts`).
     """
     values, offsets, num_empty = enc.encode(texts, on_batch)
+    write_token_file(path, values, offsets)
+    return file_record(path, offsets, num_empty)
+
+
+def join_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """One range's ``(values, offsets, num_empty)`` from the :meth:`Encoder.encode` results of its consecutive pieces.
+
+    Why: encoding is per document, so a range encoded in pieces (by several
+    workers) and joined here is the range encoded whole, array for array.
+
+    >>> a = (np.array([5, 0], np.uint16), np.array([0, 2]), 0)
+    >>> b = (np.array([0, 7, 8, 0], np.uint16), np.array([0, 1, 4]), 1)
+    >>> values, offsets, num_empty = join_parts([a, b])
+    >>> values.tolist(), offsets.tolist(), num_empty
+    ([5, 0, 0, 7, 8, 0], [0, 2, 3, 6], 1)
+    """
+    values = np.concatenate([p[0] for p in parts])
+    offsets = np.empty(sum(len(p[1]) - 1 for p in parts) + 1, dtype=np.int64)
+    offsets[0] = 0
+    at, base = 1, 0
+    for _, part_offsets, _ in parts:
+        n = len(part_offsets) - 1
+        np.add(part_offsets[1:], base, out=offsets[at : at + n])
+        at, base = at + n, base + int(part_offsets[-1])
+    return values, offsets, sum(p[2] for p in parts)
+
+
+def write_parts(path: str, parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> dict[str, Any]:
+    """Write one token file from its range's encoded pieces, in order (:func:`join_parts`); return its record.
+
+    The same file, byte for byte, as :func:`write_encoded` of the whole range.
+    """
+    values, offsets, num_empty = join_parts(parts)
     write_token_file(path, values, offsets)
     return file_record(path, offsets, num_empty)
 

@@ -1,4 +1,4 @@
-"""The build's worker pool: spawned processes that each tokenize whole files, with bounded waits.
+"""The build's worker pool: spawned processes that encode pieces of files, with bounded waits.
 
 Why apart from :mod:`impl.build`: process start, a dead or hung worker and a
 killed parent are failure modes of their own; the pool turns each into a
@@ -22,12 +22,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from impl.build_files import write_encoded
+import numpy as np
+
+from impl.build_files import write_parts
 from impl.encoding import Encoder
 from impl.errors import StoreError
 from impl.store_format import FILE_TEMPLATE
 
-__all__ = ["WORKER_TIMEOUT_S", "cpu_count", "die_with_parent", "run_pool", "spawn_can_start"]
+__all__ = ["PIECES_PER_WORKER", "WORKER_TIMEOUT_S", "cpu_count", "die_with_parent", "file_pieces", "piece_docs",
+           "run_pool", "spawn_can_start"]
 
 
 _WORKER_ENCODER: Encoder | None = None
@@ -76,11 +79,6 @@ def die_with_parent(parent_pid: int, *, poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="loadspec-parent-watchdog", daemon=True).start()
 
 
-def _worker_write(path: str, texts: list[str]) -> dict[str, Any]:
-    assert _WORKER_ENCODER is not None, "worker not initialised"
-    return write_encoded(_WORKER_ENCODER, path, texts)
-
-
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -112,59 +110,143 @@ def spawn_can_start() -> bool:
 
 
 WORKER_TIMEOUT_S = 3600.0
-"""Longest a build waits for one worker's file (``LOADSPEC_WORKER_TIMEOUT_S`` overrides): no wait is unbounded."""
+"""Longest a build waits for one worker's piece (``LOADSPEC_WORKER_TIMEOUT_S`` overrides): no wait is unbounded."""
+
+PIECES_PER_WORKER = 4
+"""A file's documents are cut into about this many pieces per worker (at least ``batch_size`` documents each)."""
 
 
-def run_pool(tmp: Path, ranges: Iterator[list[str]], workers: int, initargs: tuple[Any, ...],
-              bar: Any) -> list[dict[str, Any]]:
-    """Tokenize ``ranges`` in ``workers`` spawned processes, at most ``workers`` files in flight, in order.
+def piece_docs(*, docs_per_file: int, batch_size: int, workers: int, num_documents: int | None) -> int:
+    """Documents per piece that a worker encodes: a file is shared out in pieces of this size.
 
-    Every wait is bounded (:data:`WORKER_TIMEOUT_S` per file) and a worker
-    that dies (start-up failure, OOM kill) ends the build with a
-    :class:`StoreError` naming the likely cause and its fix; on any failure
-    the workers are killed, not joined, so a stuck worker cannot hang the
-    parent.
+    Why pieces, not files: with the default ``docs_per_file`` a corpus of a
+    few files would keep most workers idle; pieces split every file into
+    about :data:`PIECES_PER_WORKER` per worker (the largest file the source
+    can fill, when its size is known), each at least one ``batch_size`` (so
+    a small build starts few processes) and at most a file. The pieces never
+    change the output: the parent joins a file's pieces in order
+    (:func:`impl.build_files.write_parts`).
+
+    >>> piece_docs(docs_per_file=65536, batch_size=1000, workers=2, num_documents=10_000)
+    1250
+    >>> piece_docs(docs_per_file=65536, batch_size=1000, workers=16, num_documents=None)
+    1024
+    >>> piece_docs(docs_per_file=8, batch_size=1000, workers=2, num_documents=60)
+    8
+    """
+    span = docs_per_file if num_documents is None else max(1, min(docs_per_file, num_documents))
+    return min(docs_per_file, max(batch_size, -(-span // (PIECES_PER_WORKER * workers))))
+
+
+def file_pieces(batches: Iterator[list[str]], docs_per_file: int, piece: int) -> Iterator[tuple[int, list[str]]]:
+    """``(file index, documents)``: the stream cut into files of ``docs_per_file`` and each file into ``piece``s.
+
+    >>> list(file_pieces(iter([["a", "b", "c"], ["d", "e"]]), 3, 2))
+    [(0, ['a', 'b']), (0, ['c']), (1, ['d', 'e'])]
+    """
+    f, in_file = 0, 0
+    buf: list[str] = []
+    for texts in batches:
+        pos = 0
+        while pos < len(texts):
+            take = min(piece - len(buf), docs_per_file - in_file - len(buf), len(texts) - pos)
+            buf.extend(texts[pos : pos + take])
+            pos += take
+            if len(buf) == piece or in_file + len(buf) == docs_per_file:
+                yield f, buf
+                in_file += len(buf)
+                buf = []
+                if in_file == docs_per_file:
+                    f, in_file = f + 1, 0
+    if buf:
+        yield f, buf
+
+
+def _worker_encode(texts: list[str]) -> tuple[int, np.ndarray, np.ndarray, int]:
+    assert _WORKER_ENCODER is not None, "worker not initialised"
+    return (os.getpid(), *_WORKER_ENCODER.encode(texts))
+
+
+def _on_piece_encoded(worker_pid: int, file_index: int, documents: int) -> None:
+    """Test seam called in the parent for each piece a worker returns, in order (no-op)."""
+
+
+def run_pool(tmp: Path, pieces: Iterator[tuple[int, list[str]]], workers: int, initargs: tuple[Any, ...],
+             bar: Any) -> list[dict[str, Any]]:
+    """Encode ``pieces`` in ``workers`` spawned processes and write each file from its pieces, in order.
+
+    Piece ``i`` goes to worker ``i % workers`` (each its own one-process
+    pool, so every worker gets its share whatever the start-up order), at
+    most two pieces a worker in flight; a writer thread writes and hashes
+    file ``f`` while the workers encode file ``f + 1``. Memory: the texts of
+    the pieces in flight, the tokens of the file being joined and of the one
+    being written. Every wait on a worker is bounded
+    (:data:`WORKER_TIMEOUT_S` per piece) and a worker that dies (start-up
+    failure, OOM kill) ends the build with a :class:`StoreError` naming the
+    likely cause and its fix; on any failure the workers are killed, not
+    joined, so a stuck worker cannot hang the parent.
     """
     timeout = float(os.environ.get("LOADSPEC_WORKER_TIMEOUT_S", WORKER_TIMEOUT_S))
     ctx = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
-                                                  initargs=initargs)
+    pools = [concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_worker_init,
+                                                    initargs=initargs) for _ in range(workers)]
+    writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadspec-write")
     records: list[dict[str, Any]] = []
-    pending: collections.deque[tuple[int, str, concurrent.futures.Future[dict[str, Any]]]] = collections.deque()
+    pending: collections.deque[tuple[int, int, concurrent.futures.Future[Any]]] = collections.deque()
+    parts: list[tuple[np.ndarray, np.ndarray, int]] = []
+    state = {"file": 0}
+    writing: list[concurrent.futures.Future[dict[str, Any]]] = []
+
+    def finish_file() -> None:
+        while writing:
+            records.append(writing.pop().result())
+        writing.append(writer.submit(write_parts, str(tmp / FILE_TEMPLATE.format(state["file"])), list(parts)))
+        parts.clear()
 
     def collect() -> None:
-        n, name, fut = pending.popleft()
+        f, n, fut = pending.popleft()
+        name = FILE_TEMPLATE.format(f)
         try:
-            records.append(fut.result(timeout=timeout))
+            pid, values, offsets, num_empty = fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             raise StoreError(
-                f"a build worker did not finish {name} ({n} documents) within {timeout:.0f} s; the build was "
+                f"a build worker did not finish its {n} documents of {name} within {timeout:.0f} s; the build was "
                 "stopped: check the machine's load and memory, or raise LOADSPEC_WORKER_TIMEOUT_S"
             ) from None
         except concurrent.futures.process.BrokenProcessPool as exc:
             raise StoreError(
-                f"a build worker process died while writing {name} ({exc}). If your script calls "
+                f"a build worker process died while encoding documents of {name} ({exc}). If your script calls "
                 "TokenStore.build at top level, put that call under `if __name__ == \"__main__\":` "
                 "(spawned workers re-import the script; its error is printed above); otherwise the worker "
                 "was killed (often out of memory): retry with a smaller num_proc, or num_proc=1"
             ) from exc
+        _on_piece_encoded(pid, f, n)
+        if f != state["file"]:
+            finish_file()
+            state["file"] = f
+        parts.append((values, offsets, num_empty))
         bar.update(n)
 
     ok = False
     try:
-        for index, texts in enumerate(ranges):
-            name = FILE_TEMPLATE.format(index)
-            pending.append((len(texts), name, pool.submit(_worker_write, str(tmp / name), texts)))
-            while len(pending) > workers:
+        for i, (f, texts) in enumerate(pieces):
+            pending.append((f, len(texts), pools[i % workers].submit(_worker_encode, texts)))
+            while len(pending) > 2 * workers:
                 collect()
         while pending:
             collect()
+        if parts:
+            finish_file()
+        while writing:
+            records.append(writing.pop().result())
         ok = True
     finally:
-        if ok:
-            pool.shutdown(wait=True)
-        else:
-            _kill_pool(pool)
+        writer.shutdown(wait=True, cancel_futures=True)
+        for pool in pools:
+            if ok:
+                pool.shutdown(wait=True)
+            else:
+                _kill_pool(pool)
     return records
 
 

@@ -205,7 +205,7 @@ def _slow_worker_init(*args):
     Path(os.environ["LOADSPEC_TEST_PIDS"], str(os.getpid())).write_text("")
 
 
-def _hanging_worker_write(path, texts):
+def _hanging_worker_encode(texts):
     import time
 
     time.sleep(600)
@@ -218,7 +218,7 @@ def _parent_of_hanging_workers(source_docs, tok_dir, out, pid_dir):
 
     os.environ["LOADSPEC_TEST_PIDS"] = pid_dir
     build_pool._worker_init = _slow_worker_init
-    build_pool._worker_write = _hanging_worker_write
+    build_pool._worker_encode = _hanging_worker_encode
     TokenStore.build(source_docs, tok_dir, out, num_proc=2, docs_per_file=2, progress=False)
 
 

@@ -89,3 +89,27 @@ def test_a_changed_tokenizer_file_is_not_answered_from_the_cache(tmp_path, monke
         config.write_text(config.read_text().replace('"eos_token": "<|endoftext|>"', '"eos_token": "!"'))
     info = encoding.resolve_tokenizer(tok)[1]
     assert (info.eos_token, info.eos_id) == ("!", 0)
+
+
+def test_a_one_file_build_with_num_proc_2_encodes_in_both_workers_and_equals_num_proc_1(word_dir, tmp_path,
+                                                                                       monkeypatch):
+    import os
+
+    from conformance.impl_tests.test_store import expected_tokens, make_docs, token_files, word_tokenizer
+    from impl import build_pool
+    from impl.store import TokenStore
+
+    pieces: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(build_pool, "_on_piece_encoded", lambda pid, f, n: pieces.append((pid, f, n)),
+                        raising=False)
+    texts = make_docs(60, seed=11)
+    one = TokenStore.build(texts, word_dir, tmp_path / "one", num_proc=1, batch_size=10, progress=False)
+    two = TokenStore.build(texts, word_dir, tmp_path / "two", num_proc=2, batch_size=10, progress=False)
+    assert one.num_files == two.num_files == 1
+    assert [p.read_bytes() for p in token_files(one)] == [p.read_bytes() for p in token_files(two)]
+    assert one.meta["files"] == two.meta["files"]  # sizes, sha256, block and document CRCs
+    assert one.fingerprint == two.fingerprint
+    assert [two[i].tolist() for i in range(len(two))] == expected_tokens(word_tokenizer(), texts)
+    workers = {pid for pid, _, _ in pieces}
+    assert len(workers) == 2 and os.getpid() not in workers, pieces
+    assert [f for _, f, _ in pieces] == [0] * len(pieces) and sum(n for _, _, n in pieces) == len(texts)

@@ -61,7 +61,7 @@ BENCH_JSON = benchmarks/results/bench-$(BENCH_SIZE).json
 $(BENCH_STAMP): pyproject.toml benchmarks/requirements-bench.txt
 	@test -x $(BENCH_BIN)/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_PIP) "torch==2.13.0"
-	$(BENCH_PIP) -e ".[test]" -r benchmarks/requirements-bench.txt
+	$(BENCH_PIP) -e ".[conformance]" -r benchmarks/requirements-bench.txt
 	@touch $(BENCH_STAMP)
 
 bench-env: $(BENCH_STAMP)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from impl.build_shares import owned_ranges
 from impl.encoding import Encoder
+from impl.errors import BuildCommitError
 from impl.sources import rechunk
 
 if TYPE_CHECKING:
@@ -131,3 +132,44 @@ def sum_reports(reports: list[bytes]) -> tuple[int, float]:
         total += int(rep["tokens"])
         first, last = min(first, float(rep["started"])), max(last, float(rep["now"]))
     return total, (total / (last - first) if last > first else 0.0)
+
+
+def fragments_task_count(staging: str, found: Mapping[tuple[int, int], Any], tasks: int | None, out: str) -> int:
+    """The task count of the build whose fragments ``found`` holds (``(task, tasks)`` keys); ``BuildCommitError`` else.
+
+    Refused: no fragment, fragments of several task counts (unless ``tasks``
+    names one), and tasks of that count without a fragment.
+    """
+    counts = {n for _, n in found} if tasks is None else {tasks}
+    if not counts:
+        raise BuildCommitError(
+            f"{staging} holds no build fragment: run the build's tasks first (loadspec build SRC {out} "
+            "--tokenizer T --task I --tasks N, or --task-from-env), then commit")
+    if len(counts) != 1:
+        raise BuildCommitError(
+            f"{staging} holds fragments of builds with different task counts {sorted(counts)}: "
+            "pass tasks= (--tasks N) to commit the one you ran")
+    (count,) = counts
+    missing = [i for i in range(count) if (i, count) not in found]
+    if missing:
+        raise BuildCommitError(f"tasks {missing} of {count} have no fragment in {staging}: run (or relaunch) them, "
+                               "then commit again")
+    return count
+
+
+def check_build_keys(frags: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse fragments of different build keys: the tasks read different sources or options."""
+    keys = {f["build_key"] for f in frags}
+    if len(keys) > 1:
+        groups = {k: [f["task"] for f in frags if f["build_key"] == k] for k in keys}
+        raise BuildCommitError(
+            f"the tasks read different sources or options (the source changed between tasks?): tasks "
+            f"{sorted(groups.values())} have different build keys; relaunch them all on the unchanged source")
+
+
+def check_coverage(staging: str, frags: Sequence[Mapping[str, Any]], records: Mapping[int, Any]) -> None:
+    """Refuse fragments whose files' records do not cover the source's files exactly once."""
+    num_files = {f["num_files"] for f in frags}
+    if len(num_files) != 1 or sorted(records) != list(range(num_files.pop())):
+        raise BuildCommitError(f"the fragments in {staging} do not cover the source's files exactly: relaunch "
+                               "every task")

@@ -54,8 +54,11 @@ from impl.build_fragments import (
     FRAGMENT_VERSION,
     STAGING_DIR,
     TaskResult,
+    check_build_keys,
+    check_coverage,
     fragment_document,
     fragment_name,
+    fragments_task_count,
     owned_files,
     parse_fragment_name,
     progress_name,
@@ -391,34 +394,15 @@ def commit_remote(url: str, *, tasks: int | None = None,
         found = {key: name for name in _calling(f"listing {out.where(STAGING_DIR)}", BuildCommitError, retry,
                                                 lambda: out.names(STAGING_DIR))
                  if (key := parse_fragment_name(name)) is not None}
-        counts = {n for _, n in found} if tasks is None else {tasks}
         staging = out.where(STAGING_DIR)
-        if not counts:
-            raise BuildCommitError(f"{staging} holds no build fragment: run the build's tasks first (loadspec build SRC "
-                                   f"{out.url} --tokenizer T --task I --tasks N), then commit")
-        if len(counts) != 1:
-            raise BuildCommitError(f"{staging} holds fragments of builds with different task counts {sorted(counts)}: "
-                                   "pass tasks= (--tasks N) to commit the one you ran")
-        (count,) = counts
-        missing = [i for i in range(count) if (i, count) not in found]
-        if missing:
-            raise BuildCommitError(f"tasks {missing} of {count} have no fragment in {staging}: run (or relaunch) "
-                                   "them, then commit again")
+        count = fragments_task_count(staging, found, tasks, out.url)
         names = [f"{STAGING_DIR}/{fragment_name(i, count)}" for i in range(count)]
         frags = [_read_fragment(out, name) for name in names]
-        keys = {f["build_key"] for f in frags}
-        if len(keys) > 1:
-            groups = {k: [f["task"] for f in frags if f["build_key"] == k] for k in keys}
-            raise BuildCommitError(
-                f"the tasks read different sources or options (the source changed between tasks?): tasks "
-                f"{sorted(groups.values())} have different build keys; relaunch them all on the unchanged source")
+        check_build_keys(frags)
         records: dict[int, dict[str, Any]] = {}
         for name in names:
             records.update(_validated(out, name, None))
-        num_files = {f["num_files"] for f in frags}
-        if len(num_files) != 1 or sorted(records) != list(range(num_files.pop())):
-            raise BuildCommitError(f"the fragments in {staging} do not cover the source's files exactly: relaunch "
-                                   "every task")
+        check_coverage(staging, frags, records)
         _refuse_without_conditional_create(out)
         meta = meta_with_files(frags[0]["template"], [records[f] for f in sorted(records)])
         for spec, table in take_crc_tables(meta):

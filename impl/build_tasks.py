@@ -48,8 +48,11 @@ from impl.build_fragments import (
     FRAGMENT_VERSION,
     STAGING_DIR,
     TaskResult,
+    check_build_keys,
+    check_coverage,
     fragment_document,
     fragment_name,
+    fragments_task_count,
     owned_files,
     progress_name,
     sum_reports,
@@ -299,34 +302,13 @@ def commit_build(out_dir: str | os.PathLike[str], *, tasks: int | None = None,
                 m = FRAGMENT_PATTERN.match(p.name)
                 if m:
                     found[(int(m.group(1)), int(m.group(2)))] = p
-        counts = {n for _, n in found} if tasks is None else {tasks}
-        if not counts:
-            raise BuildCommitError(
-                f"{staging} holds no build fragment: run the build's tasks first (loadspec build SRC {out} "
-                "--tokenizer T --task I --tasks N, or --task-from-env), then commit")
-        if len(counts) != 1:
-            raise BuildCommitError(
-                f"{staging} holds fragments of builds with different task counts {sorted(counts)}: "
-                "pass tasks= (--tasks N) to commit the one you ran")
-        (count,) = counts
-        missing = [i for i in range(count) if (i, count) not in found]
-        if missing:
-            raise BuildCommitError(f"tasks {missing} of {count} have no fragment in {staging}: run (or relaunch) them, "
-                                   "then commit again")
+        count = fragments_task_count(str(staging), found, tasks, str(out))
         frags = [_read_fragment(found[(i, count)]) for i in range(count)]
-        keys = {f["build_key"] for f in frags}
-        if len(keys) > 1:
-            groups = {k: [f["task"] for f in frags if f["build_key"] == k] for k in keys}
-            raise BuildCommitError(
-                f"the tasks read different sources or options (the source changed between tasks?): tasks "
-                f"{sorted(groups.values())} have different build keys; relaunch them all on the unchanged source")
+        check_build_keys(frags)
         records: dict[int, dict[str, Any]] = {}
         for i in range(count):
             records.update(_validated(found[(i, count)], staging, out, None))
-        num_files = {f["num_files"] for f in frags}
-        if len(num_files) != 1 or sorted(records) != list(range(num_files.pop())):
-            raise BuildCommitError(f"the fragments in {staging} do not cover the source's files exactly: relaunch "
-                                   "every task")
+        check_coverage(str(staging), frags, records)
         try:
             for f in sorted(records):
                 name = records[f]["name"]

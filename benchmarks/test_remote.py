@@ -14,8 +14,8 @@ predownloads (its default, 8 samples ahead of a reader without a loader);
 the cold epoch again with ``predownload=0`` shows what that changes.
 
 Run: ``.venv/bin/python -m pytest benchmarks/test_remote.py -q -s -p no:cacheprovider`` (the main venv: it has
-the ``test`` extra's moto and s3fs). MosaicML Streaming from the same server is not measured: the bench venv
-that has ``mosaicml-streaming`` has no moto or s3fs, and the main venv has no Streaming.
+the ``test`` extra's moto and s3fs). MosaicML Streaming and LitData from the same server, through one byte-counting
+proxy: ``benchmarks/test_remote_peers.py`` (the bench venv).
 """
 
 from __future__ import annotations

@@ -24,10 +24,11 @@ Worked example (rows of one lane, no shuffle, a buffer of 2)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
 
 from impl.errors import StateError, TopologyError, is_int, require
 from impl.rng import FeistelPermutation, Stream, below, derive_key, subkey
@@ -35,7 +36,7 @@ from impl.units import UnitIndex
 from reference.packing import IGNORE, PackingConfig
 from reference.streaming import StreamingConfig
 
-__all__ = ["FRESH", "LaneCursor", "LaneSnapshot", "buffer_key", "lane_json", "lane_rows", "lane_units",
+__all__ = ["FRESH", "STATE_KEY", "LaneBatches", "LaneCursor", "LaneSnapshot", "buffer_key", "lane_json", "lane_rows", "lane_units",
            "lane_windows", "participant_lanes", "remaining_samples", "schedule", "snapshot_from_json",
            "valid_world_sizes"]
 
@@ -315,3 +316,47 @@ def snapshot_from_json(value: Any, lane: int, epoch: int, windows: Sequence[np.n
     current = -1 if value["current"] is None else global_row(value["current"])
     slots = tuple(global_row(s) for s in value["slots"])
     return (read, slots, value["counter"], value["flushed"], current, value["offset"], value["samples"])
+
+
+STATE_KEY = "_loadspec_stream"
+"""The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
+
+
+class LaneBatches(IterableDataset[dict[str, Any]]):
+    """A dataset of lane batches that hands out consumed ones: ``StreamingDataset`` and ``StreamMixture``.
+
+    In a DataLoader worker it yields its batches with their ``STATE_KEY``
+    entries (``impl.stream_loader`` applies them as it hands each out); in
+    one process it applies each entry itself as the batch is handed out, so
+    the state counts consumed batches, never prefetched ones (STREAM-13),
+    and an exhausted pass moves to the next epoch.
+    """
+
+    epoch: int
+    _markers: bool      # set by impl.stream_loader: its workers end their pass with a marker
+
+    def _batches(self, num_workers: int, worker: int, *, markers: bool) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def apply(self, meta: Any) -> None:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        if info is None:
+            return self._run_in_process()
+        return self._batches(info.num_workers, info.id, markers=self._markers)
+
+    def _run_in_process(self) -> Iterator[dict[str, Any]]:
+        epoch = self.epoch
+        for batch in self._batches(0, 0, markers=True):
+            meta = batch.pop(STATE_KEY)
+            if meta[2] is None:     # the pass's end marker
+                break
+            self.apply(meta)
+            yield batch
+        if self.epoch == epoch:
+            self.set_epoch(epoch + 1)

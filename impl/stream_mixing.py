@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, StateError, is_int, require
@@ -47,6 +46,8 @@ from impl.rng import Stream, derive_key, subkey, unit
 from impl.schema import BATCH_FIELDS
 from impl.stream_lanes import (
     FRESH,
+    STATE_KEY,
+    LaneBatches,
     LaneCursor,
     LaneSnapshot,
     buffer_key,
@@ -55,8 +56,15 @@ from impl.stream_lanes import (
     remaining_samples,
     schedule,
 )
-from impl.streaming import STATE_KEY, StreamingDataset, merge_states
-from reference.stream_mixing import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamMixConfig, planned_options_refused
+from impl.streaming import StreamingDataset, merge_states
+from reference.stream_mixing import (
+    STATE_FORMAT,
+    STATE_KEYS,
+    STATE_VERSION,
+    StreamMixConfig,
+    mismatches,
+    planned_options_refused,
+)
 
 __all__ = ["StreamMixture"]
 
@@ -160,7 +168,7 @@ class _Lane:
         return step[0], index, sample
 
 
-class StreamMixture(IterableDataset[dict[str, Any]]):
+class StreamMixture(LaneBatches):
     """Batches of a mixture of ``StreamingDataset`` and ``PackedDataset`` sources, equal to the reference's (MIX-22..25).
 
     ``weights``: one positive weight per source (required: every sample is
@@ -297,23 +305,6 @@ class StreamMixture(IterableDataset[dict[str, Any]]):
 
     # ------------------------------------------------------------ iteration
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        if info is None:
-            return self._run_in_process()
-        return self._batches(info.num_workers, info.id, markers=self._markers)
-
-    def _run_in_process(self) -> Iterator[dict[str, Any]]:
-        epoch = self.epoch
-        for batch in self._batches(0, 0, markers=True):
-            meta = batch.pop(STATE_KEY)
-            if meta[2] is None:     # the pass's end marker
-                break
-            self.apply(meta)
-            yield batch
-        if self.epoch == epoch:
-            self.set_epoch(epoch + 1)
-
     def _rows(self, num_workers: int, worker: int, tokens: dict[int, Any]) -> Iterator[tuple[list[Any], Any]]:
         """The worker's batches of rows ``(lane, index, source, source_index, sample)`` and their lanes' snapshots."""
         B, epoch = self.batch_size, self.epoch
@@ -430,7 +421,7 @@ class StreamMixture(IterableDataset[dict[str, Any]]):
         require(state.get("version") == STATE_VERSION and set(state) == STATE_KEYS, StateError,
                 f"state version {state.get('version')!r} with keys {sorted(state)} is not version {STATE_VERSION} "
                 f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
-        differs = _mismatches(state["parts"], self.parts)
+        differs = mismatches(state["parts"], self.parts)
         require(not differs, StateError, "the checkpoint differs from this mixture in " + "; ".join(differs) +
                 ": resume with the sources, weights and options it was taken with, or start from a fresh state")
         epoch, lanes = state["epoch"], state["lanes"]
@@ -446,19 +437,3 @@ class StreamMixture(IterableDataset[dict[str, Any]]):
     def __repr__(self) -> str:
         return (f"StreamMixture({len(self.sources)} sources, weights={self.config.weights}, "
                 f"stopping={self.config.stopping!r}, num_lanes={self.num_lanes}, epoch={self.epoch})")
-
-
-def _mismatches(saved: Any, parts: Mapping[str, Any]) -> list[str]:
-    """The parts of a saved state that differ from this mixture's, each named (a source by its index)."""
-    saved = saved if isinstance(saved, Mapping) else {}
-    out = []
-    theirs, ours = saved.get("sources"), parts["sources"]
-    if not isinstance(theirs, list) or len(theirs) != len(ours):
-        out.append(f"the number of sources ({len(theirs) if isinstance(theirs, list) else theirs!r} in the "
-                   f"checkpoint, {len(ours)} here)")
-    else:
-        out += [f"sources[{i}] (its data, tokenizer, order or packing)" for i, (a, b) in
-                enumerate(zip(theirs, ours, strict=True)) if a != b]
-    out += [f"{name} ({saved.get(name)!r} in the checkpoint, {parts[name]!r} here)"
-            for name in ("weights", "stopping", "seed", "num_lanes") if saved.get(name) != parts[name]]
-    return out

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, StateError, TokenizerError, is_int, require
@@ -63,6 +63,8 @@ from impl.hf_sources import hf_paths
 from impl.partition import distributed_topology
 from impl.stream_lanes import (
     FRESH,
+    STATE_KEY,
+    LaneBatches,
     LaneCursor,
     LaneSnapshot,
     buffer_key,
@@ -93,8 +95,6 @@ from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, Streami
 
 __all__ = ["STATE_KEY", "SkippedRowsWarning", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
-STATE_KEY = "_loadspec_stream"
-"""The batch entry ``(epoch, worker, ((lane, snapshot), ...))`` the handing-out process applies (None: the end marker)."""
 SKIPPED_KEY = "_loadspec_skipped"
 """A batch entry ``{unit: bad lines}`` a worker sends to ``impl.stream_loader`` (STREAM-17), popped before use."""
 _MODES = ("concat", "chunk")
@@ -132,7 +132,7 @@ def _redact(url: str) -> str:
     return redact_url(url)
 
 
-class StreamingDataset(IterableDataset[dict[str, Any]]):
+class StreamingDataset(LaneBatches):
     """Batches of packed samples from raw files, equal to ``reference.streaming``'s (STREAM-1 .. STREAM-15).
 
     ``paths``: names or globs under ``files`` (default: the local
@@ -389,23 +389,6 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         return steps, cursors, schedule(self.worker_lanes(num_workers), samples, remaining, steps, B)
 
     # ------------------------------------------------------------ iteration
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        if info is None:
-            return self._run_in_process()
-        return self._batches(info.num_workers, info.id, markers=self._markers)
-
-    def _run_in_process(self) -> Iterator[dict[str, Any]]:
-        epoch = self.epoch
-        for batch in self._batches(0, 0, markers=True):
-            meta = batch.pop(STATE_KEY)
-            if meta[2] is None:     # the pass's end marker
-                break
-            self.apply(meta)
-            yield batch
-        if self.epoch == epoch:
-            self.set_epoch(epoch + 1)
 
     def _lazy(self, tokens: RowTokens, lanes: list[int]) -> Iterator[_Batch]:
         """One rank alone: a worker's batches, no census (STREAM-11, STREAM-12 with W = 1).

@@ -47,10 +47,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "reference.streaming": frozenset({"StreamingConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS"}),
     # BatchedMap is the map's configuration (its identity enters the state); mapping a batch is impl's own.
     "reference.stream_maps": frozenset({"BatchedMap", "MAP_LANE_KEYS", "TOKENS"}),
-    # planned_options_refused validates the options a lane mixture refuses (MIX-25: configuration); the draws,
-    # lanes and state are impl's own.
+    # planned_options_refused validates the options a lane mixture refuses (MIX-25: configuration), mismatches
+    # names the parts of a foreign state (the state format, MIX-24); the draws, lanes and state are impl's own.
     "reference.stream_mixing": frozenset({"StreamMixConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS",
-                                          "planned_options_refused"}),
+                                          "mismatches", "planned_options_refused"}),
 }
 """Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
 

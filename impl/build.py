@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import operator
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,25 @@ _UINT16_LIMIT = 1 << 16
 
 
 # --------------------------------------------------------------------------- entry points
+
+
+_URL_LIKE = re.compile(r"^[a-z][a-z0-9+.-]+:/")
+
+
+def _refuse_url_output(out_dir: str | os.PathLike[str]) -> None:
+    """A one-machine build writes a local directory: an fsspec URL (or one pathlib folded) would land in ``./s3:``.
+
+    >>> _refuse_url_output("s3://bucket/store")
+    Traceback (most recent call last):
+    impl.errors.ConfigError: out_dir='s3://bucket/store' is a URL, but a one-machine build writes a local directory: ...
+    """
+    text = os.fspath(out_dir)
+    if isinstance(text, str) and _URL_LIKE.match(text):
+        raise ConfigError(
+            f"out_dir={text!r} is a URL, but a one-machine build writes a local directory: to build into object "
+            "storage run the build as one task, `loadspec build SRC URL --tokenizer T --task 0 --tasks 1 "
+            "--commit-when-done` (impl.build_tasks.build_task(..., task=0, tasks=1, commit_when_done=True)), or "
+            "build locally and upload every file, meta.json last")
 
 
 def build_store(
@@ -128,6 +148,7 @@ def build_store(
     _refuse_unguarded_spawn()
     if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
         raise ConfigError(f"num_proc={num_proc!r}: must be None (all CPUs) or an integer >= 1")
+    _refuse_url_output(out_dir)
     check_output_path(out_dir, source_paths(source))
     plan = prepare_build(source, tokenizer, text_field=text_field, add_bos=add_bos, add_eos=add_eos,
                          batch_size=batch_size, docs_per_file=docs_per_file, split=split)

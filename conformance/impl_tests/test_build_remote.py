@@ -349,3 +349,13 @@ def test_a_url_folded_by_pathlib_or_storage_options_for_a_local_path_are_refused
         build_task(source, tok_dir, Path("s3://bucket/store"), task=0, tasks=2, **OPTS)
     with pytest.raises(ConfigError, match=r"storage_options were given but out_dir .* is a local path"):
         commit_build(tmp_path / "out", storage_options={"anon": True})
+
+
+def test_a_one_machine_build_into_a_url_is_refused_naming_the_one_task_build_and_writes_nothing_local(
+        source, tok_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for out in ("s3://bucket/store", Path("s3://bucket/store"), "memory://builds/store"):
+        with pytest.raises(ConfigError, match=r"is a URL, but a one-machine build writes a local directory.*"
+                                              r"--task 0 --tasks 1 --commit-when-done"):
+            TokenStore.build(source, tok_dir, out, num_proc=1, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []     # no ./s3: or ./memory: directory

@@ -115,8 +115,9 @@ def build_packed_dataset(corpus: Corpus, config: PipelineConfig, workdir: Path) 
 
 class ImplAdapter:
     name = "impl"
-    capabilities = CAPABILITIES - {"ordering:buffer"}
-    """Everything but the buffered shuffle, which ``PackedDataset`` refuses (it has no O(1) random access)."""
+    capabilities = CAPABILITIES - {"ordering:buffer", "state:global"}
+    """Everything but the buffered shuffle, which ``PackedDataset`` refuses (it has no O(1) random access), and
+    ``state:global`` (a rank's state counts its own batches, RES-6; only the streaming adapter's is a collective)."""
     refusal_types = (StateError, ConfigError)
     """``ElasticLoader.load_state_dict`` refuses a state with ``StateError`` (RES-3) and an impossible topology or
     position with ``ConfigError`` (``TopologyError``, PART-12); both are ``impl.errors``' re-exports of reference's."""
@@ -146,4 +147,4 @@ def loader_layer_adapter() -> ImplAdapter:
     from conformance.stateful import ReferenceDataset
 
     return ImplAdapter(lambda corpus, config, workdir: ReferenceDataset(corpus, config),
-                       capabilities=CAPABILITIES, name="impl-loader-over-reference")
+                       capabilities=CAPABILITIES - {"state:global"}, name="impl-loader-over-reference")

@@ -15,7 +15,8 @@ def rows_from_batch(batch: list[Row]) -> list[CanonicalRow]:
 
 class ReferenceAdapter:
     name = "reference"
-    capabilities = CAPABILITIES
+    capabilities = CAPABILITIES - {"state:global"}
+    """Every capability but ``state:global``: a rank's state counts its own batches (RES-6), not a collective's."""
     refusal_types = (StateError, ConfigError)
     """RES-3 refuses a state with ``StateError``, PART-12 an impossible position or topology with ``ConfigError``."""
 

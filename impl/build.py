@@ -66,7 +66,7 @@ def _refuse_url_output(out_dir: str | os.PathLike[str]) -> None:
 
     >>> _refuse_url_output("s3://bucket/store")
     Traceback (most recent call last):
-    impl.errors.ConfigError: out_dir='s3://bucket/store' is a URL, but a one-machine build writes a local directory: ...
+    reference.errors.ConfigError: out_dir='s3://bucket/store' is a URL, but a one-machine build writes a local directory: ...
     """
     text = os.fspath(out_dir)
     if isinstance(text, str) and _URL_LIKE.match(text):

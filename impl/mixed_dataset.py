@@ -419,10 +419,11 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if resolved is None:
             raise ConfigError(f"keys {keys!r} do not fit int64; pass SampleKey(epoch, index) of int64 values")
         epochs, indices = resolved
-        present = distinct_ints(epochs[indices != PADDING])
-        if len(present) == 1 and self.predownload != 0 and any(getattr(s, "remote", False) for s in self.sources):
-            run_ahead(self.sample_reads, self._ahead_memo, self.reader, self.predownload, present[0], indices,
-                      self.num_samples(present[0]))
+        if self.predownload != 0 and any(getattr(s, "remote", False) for s in self.sources):
+            present = distinct_ints(epochs[indices != PADDING])     # a remote mixture's batch only: not a local one's
+            if len(present) == 1:
+                run_ahead(self.sample_reads, self._ahead_memo, self.reader, self.predownload, present[0], indices,
+                          self.num_samples(present[0]))
         if self._packing is not None:
             return self._packed_batch(epochs, indices, self._packing)
         n = len(indices)

@@ -70,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import traceback
+import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
@@ -99,6 +100,13 @@ class ElasticLoader:
     ``load_state_dict()``). One live iterator at a time: starting a new
     ``iter()`` abandons the previous one.
 
+    The loader holds its live iterator weakly: an iterator dropped mid-epoch
+    (a ``break``, an exception, a test that takes ``k`` batches) is finished
+    at once, and its DataLoader workers exit then, not whenever the garbage
+    collector reaches a loader↔iterator cycle (a worker shut down from inside
+    the collector, while another DataLoader forks its workers, can wait out
+    torch's 5 s join timeout). :meth:`close` ends the live pass explicitly.
+
     Build it with :func:`build_dataloader`.
     """
 
@@ -109,7 +117,7 @@ class ElasticLoader:
         self._from_numpy = from_numpy
         self._epoch, self._consumed = sampler.position()
         self._generation = 0
-        self._live: Generator[Any, None, None] | None = None
+        self._live: weakref.ref[Generator[Any, None, None]] | None = None
         sampler.position = self.position
 
     # ------------------------------------------------------------ position
@@ -163,7 +171,8 @@ class ElasticLoader:
     def _take_over(self) -> int:
         """A new position or pass: the live iterator (if any) is closed and will yield nothing more."""
         self._generation += 1
-        live, self._live = self._live, None
+        live = self._live() if self._live is not None else None
+        self._live = None
         if live is not None:
             try:
                 live.close()
@@ -198,8 +207,18 @@ class ElasticLoader:
 
     def __iter__(self) -> Iterator[Any]:
         generation = self._take_over()
-        self._live = self._run(generation)
-        return self._live
+        live = self._run(generation)
+        self._live = weakref.ref(live)
+        return live
+
+    def close(self) -> None:
+        """End the live pass now: its DataLoader worker processes exit here; the position is kept.
+
+        ``state_dict()`` is unchanged, and the next ``iter()`` continues from
+        the same position (with new workers). Call it when a loader is done
+        with before its epoch ended, e.g. an evaluation loader cut short.
+        """
+        self._take_over()
 
     def _run(self, generation: int) -> Generator[Any, None, None]:
         epoch, consumed = self._epoch, self._consumed

@@ -19,6 +19,7 @@ torch.Size([8, 2048])
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
@@ -53,7 +54,8 @@ class StreamingLoader:
         self.num_workers = num_workers
         self._context = multiprocessing_context
         self._kwargs = {k: v for k, v in dataloader_kwargs.items() if k != "persistent_workers"}
-        self._live: Generator[Any, None, None] | None = None
+        # Held weakly, as ElasticLoader does: an iterator dropped mid-epoch ends (and its workers exit) at once.
+        self._live: weakref.ref[Iterator[dict[str, Any]]] | None = None
 
     @property
     def epoch(self) -> int:
@@ -61,26 +63,29 @@ class StreamingLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning unless the state already sits inside it (as RES-7)."""
-        self._close()
+        self.close()
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._close()
+        self.close()
         self.dataset.load_state_dict(state)
 
-    def _close(self) -> None:
-        live, self._live = self._live, None
-        if live is not None:
-            live.close()
+    def close(self) -> None:
+        """End the live pass now: its DataLoader worker processes exit here; the lanes' state is kept."""
+        live = self._live() if self._live is not None else None
+        self._live = None
+        close = getattr(live, "close", None)
+        if close is not None:
+            close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self._close()
-        self._live = self._run() if self.num_workers else iter(self.dataset)  # type: ignore[assignment]
-        assert self._live is not None
-        return self._live
+        self.close()
+        live: Iterator[dict[str, Any]] = self._run() if self.num_workers else iter(self.dataset)
+        self._live = weakref.ref(live)
+        return live
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
         """Batches in STREAM-11's order: the worker whose lanes consumed the fewest samples, among those not done."""

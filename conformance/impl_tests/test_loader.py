@@ -11,7 +11,9 @@ reference functions bit for bit.
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import pickle
 from itertools import pairwise
 from pathlib import Path
@@ -559,3 +561,40 @@ def test_an_iterator_abandoned_by_load_state_dict_or_a_new_iter_yields_nothing_m
     assert_equal(list(newer), [], clause="RES-6", what="the iterator abandoned by a new iter()")
     assert_equal(rows([head] + list(newest)), expected[1:], clause="RES-6",
                  what="batches after load_state_dict and a new iter(), from the state's position")
+
+
+def _new_workers(before: set[int]) -> list[multiprocessing.process.BaseProcess]:
+    return [p for p in multiprocessing.active_children() if p.pid not in before]
+
+
+@pytest.mark.clause("RES-6")
+def test_an_iterator_dropped_mid_epoch_stops_its_workers_at_once_not_when_the_garbage_collector_runs():
+    loader = build_dataloader(dataset(), batch_size=1, num_workers=2)
+    before = {p.pid for p in multiprocessing.active_children()}
+    gc.disable()   # a loader<->iterator cycle would leave the workers to the collector, at some later allocation
+    try:
+        it = iter(loader)
+        next(it)
+        workers = _new_workers(before)
+        check(len(workers) == 2, clause="RES-6", what=f"{len(workers)} worker processes started, expected 2")
+        del it
+        alive = [p.pid for p in workers if p.is_alive()]
+    finally:
+        gc.enable()
+    check(not alive, clause="RES-6", what=f"workers {alive} still run after their iterator was dropped")
+
+
+@pytest.mark.clause("RES-6")
+def test_close_stops_the_live_pass_and_its_workers_and_the_next_pass_continues_after_the_last_handed_out_batch():
+    loader = build_dataloader(dataset(), batch_size=1, num_workers=2)
+    before = {p.pid for p in multiprocessing.active_children()}
+    it = iter(loader)
+    head = [next(it), next(it)]
+    workers = _new_workers(before)
+    state = loader.state_dict()
+    loader.close()
+    check(not [p.pid for p in workers if p.is_alive()], clause="RES-6", what="workers still run after close()")
+    assert_equal(list(it), [], clause="RES-6", what="the iterator closed by close()")
+    assert_equal(loader.state_dict(), state, clause="RES-6", what="the state after close()")
+    assert_equal(rows(head + take(loader, 3)), reference_rows(Topology(batch_size=1), 5), clause="RES-6",
+                 what="2 batches, close(), 3 more")

@@ -4,7 +4,9 @@ DataLoader workers, and the streaming epoch equal to a TokenStore's, a file behi
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import os
 
 import pytest
@@ -301,3 +303,26 @@ def test_on_error_must_be_raise_or_skip(tmp_path):
     path.write_text('{"text": "fine"}\n')
     with pytest.raises(ConfigError, match=r"on_error='ignore' must be one of \('raise', 'skip'\)"):
         _ds([str(path)], on_error="ignore")
+
+
+@pytest.mark.clause("STREAM-13")
+def test_a_streaming_iterator_dropped_mid_epoch_stops_its_workers_at_once_and_close_keeps_the_lanes_state(tmp_path):
+    names, _ = write(tmp_path / "d", [("jsonl", [ROWS]), ("txt", [ROWS[::-1]])])
+    loader = build_dataloader(_ds(names, num_lanes=4, unit_bytes=48), batch_size=2, num_workers=2,
+                              multiprocessing_context="fork")
+    before = {p.pid for p in multiprocessing.active_children()}
+    gc.disable()   # a loader<->iterator cycle would leave the workers to the collector, at some later allocation
+    try:
+        it = iter(loader)
+        next(it)
+        workers = [p for p in multiprocessing.active_children() if p.pid not in before]
+        del it
+        alive = [p.pid for p in workers if p.is_alive()]
+    finally:
+        gc.enable()
+    assert len(workers) == 2 and not alive, f"workers {workers}: {alive} still run after their iterator was dropped"
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.close()
+    assert list(it) == [] and loader.state_dict() == state

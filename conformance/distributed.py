@@ -329,7 +329,8 @@ def reference_batches(corpus: Any, config: Any, topology: Any, *, consumed: int 
     ``steps`` (>= 0) stops after that many batches: what a job that stopped
     at ``stop_at`` owes. Compared with ``[rec["indices"] for rec in read_logs(...)[rank]]``.
     """
-    from reference.resume import ReferenceLoader, make_state
+    from reference.loader import ReferenceLoader
+    from reference.resume import make_state
 
     ref = ReferenceLoader(corpus, config, topology)
     ref.load_state_dict(make_state(ref.fingerprint, 0, consumed))
@@ -349,7 +350,7 @@ def check_token_sums(corpus: Any, config: Any, logs: Mapping[int, list[dict[str,
     runs on past the epoch it was meant to finish would fail here first).
     """
     from conformance.assertions import assert_equal, check
-    from reference.resume import ReferenceLoader
+    from reference.loader import ReferenceLoader
 
     samples = ReferenceLoader(corpus, config).samples(0)
     for rank, records in logs.items():

@@ -22,9 +22,10 @@ import torch.distributed as dist
 from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_exactly_once, check
 from conformance.distributed import Job, check_token_sums, read_logs, reference_batches, run_job
+from reference.loader import ReferenceLoader
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
-from reference.resume import PipelineConfig, ReferenceLoader, Topology
+from reference.resume import PipelineConfig, Topology
 
 pytestmark = [pytest.mark.loadspec_gloo,
               pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),

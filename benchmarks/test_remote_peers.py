@@ -3,8 +3,9 @@
 What it measures: the same documents (the same uint16 token bytes) written
 as a loadspec store, a MosaicML MDS dataset (no compression) and LitData
 chunks, uploaded to one moto S3 server on 127.0.0.1. Every loader reads
-through :class:`CountingProxy` (a stdlib HTTP proxy before the server that
-counts the body bytes of every response), so "bytes downloaded" is measured
+through ``FaultProxy`` with no fault rule (``conformance.impl_tests.remote_servers``:
+a stdlib HTTP proxy before the server that counts the body bytes of every
+response), so "bytes downloaded" is measured
 the same way for all three, on the wire, not by each loader's own counters.
 Each loader gets the same ``cache_limit`` (a third of the loadspec store)
 and a cold local cache, in this one process, no workers:
@@ -33,17 +34,14 @@ Run: ``.venv-bench/bin/python -m pytest benchmarks/test_remote_peers.py -q -s -p
 
 from __future__ import annotations
 
-import http.client
 import importlib.util
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,70 +62,6 @@ BUCKET = "peers"
 FILES, DOCS, SEQ_LEN, VOCAB = 24, 200, 512, 50_000
 
 
-class CountingProxy:
-    """A stdlib HTTP proxy to ``upstream`` counting response body bytes (a context manager).
-
-    Why on the wire: each loader counts its downloads its own way (or not at
-    all); a proxy that every loader talks to counts them alike.
-    ``body_bytes`` is the sum since the last :meth:`reset`.
-    """
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.body_bytes = 0
-        self.requests = 0
-        self._lock = threading.Lock()
-
-    def reset(self) -> None:
-        with self._lock:
-            self.body_bytes = self.requests = 0
-
-    def __enter__(self) -> Self:
-        host, port = self.upstream.removeprefix("http://").split(":")
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                conn = http.client.HTTPConnection(host, int(port), timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                conn.close()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("connection", "transfer-encoding", "content-length", "server", "date"):
-                        self.send_header(k, v)
-                head = self.command == "HEAD"
-                self.send_header("Content-Length", resp.getheader("Content-Length", "0") if head else str(len(data)))
-                self.end_headers()
-                if not head:
-                    self.wfile.write(data)
-                    with proxy._lock:
-                        proxy.body_bytes += len(data)
-                        proxy.requests += 1
-
-            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 def _documents() -> list[list[np.ndarray]]:
     rng = np.random.default_rng(0)
     return [[rng.integers(0, VOCAB, size=int(rng.integers(100, 900))).astype(np.uint16) for _ in range(DOCS)]
@@ -145,7 +79,7 @@ def _litdata_file(index: int) -> Iterator[np.ndarray]:
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """The three copies written and uploaded, the server and the proxy running; ``sizes``: each copy's bytes."""
-    from conformance.impl_tests.remote_servers import S3Server
+    from conformance.impl_tests.remote_servers import FaultProxy, S3Server
     from impl.store import TokenStore
 
     root = tmp_path_factory.mktemp("remote-peers")
@@ -177,7 +111,7 @@ def remote(tmp_path_factory) -> Iterator[dict[str, Any]]:
         from litdata.streaming import downloader
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[index]
     saved = {k: os.environ.get(k) for k in ("S3_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
-    with S3Server() as s3, CountingProxy(s3.url) as proxy:
+    with S3Server() as s3, FaultProxy(s3.url, upstream_timeout=60.0) as proxy:   # no rule: it only counts
         for name in formats:
             s3.upload_dir(root / name, BUCKET, name)
         os.environ["S3_ENDPOINT_URL"] = proxy.url        # MosaicML reads its endpoint from here

@@ -3,16 +3,27 @@
 Why real processes: "resumes on another world size" and "survives kill -9"
 are claims about separate address spaces, a real process group and files on
 disk. Mocks would test the mock. Each rank here is ``python -m
-conformance.distributed JOB.json RANK``: it joins a gloo process group through
-a ``file://`` rendezvous in the test's directory (traffic stays on loopback),
-builds ``impl.loader.build_dataloader`` over a ``PackedDataset`` with rank and
-world size taken from the process group, and "trains": per step it appends
-the global sample indices it received (and a checksum of their tokens) to its
-own JSON-lines log, flushes, and joins an ``all_reduce`` so ranks move in
-lockstep. Every ``checkpoint_every`` steps the ranks check that they agree on
-the position, meet at a barrier, and rank 0 writes ``{"step", "state"}``
+conformance.distributed JOB.json RANK`` (a fresh interpreter, as under
+``spawn``): it joins a gloo process group through a ``file://`` rendezvous in
+the test's directory (traffic stays on loopback), builds its loader with
+rank and world size taken from the process group, and "trains": per step it
+appends one JSON line to its own log (the step and what ``Job.record`` makes
+of the batch), flushes, and joins an ``all_reduce`` so ranks move in
+lockstep. Every ``checkpoint_every`` steps (and at ``stop_at``) the ranks
+take a checkpoint and rank 0 writes ``{"step", "world_size", "state"}``
 atomically (``impl._atomic.atomic_write_json``): a reader sees the previous
 checkpoint or the new one, never a torn file.
+
+One rank body serves every gloo test: what differs between them is only
+what each rank loads and what it logs, named in the job as ``module:function``
+strings (``Job.build``, ``Job.record``; by default a ``PackedDataset`` over
+``store`` with ``config``, logging each sample's epoch, global index and token
+sum), and how a checkpoint is taken (``Job.gather_state``): by default the
+ranks check they agree on the position, meet at a barrier and rank 0 alone
+calls ``state_dict()``; a loader whose ``state_dict()`` is a collective
+(streaming lanes, STREAM-14; a lane mixture, MIX-24) has every rank call it
+and log its hash (:func:`state_hash`), so a test can check every rank got
+the same JSON.
 
 The launcher (:func:`run_job`) puts a timeout on every wait and kills every
 rank it started when one fails or time runs out, as a job scheduler tears a
@@ -26,15 +37,18 @@ Worked example (what ``conformance/tests/test_distributed_gloo.py`` does)::
 
     job = Job(store="…/store", config=config.to_json(), batch_size=4, stop_at=3, checkpoint_every=3,
               checkpoint="…/ckpt.json", log_dir="…/run1")
-    run_job(job, world_size=2, workdir=tmp)               # 2 ranks, 3 steps, checkpoint
+    run_job(job, world_size=2, workdir=tmp).check_ok("2 ranks")   # 2 ranks, 3 steps, checkpoint
     run_job(dataclasses.replace(job, stop_at=None, resume_from="…/ckpt.json", log_dir="…/run2"),
             world_size=3, workdir=tmp)                     # the rest of the epoch on 3 ranks
     read_logs("…/run1"), read_logs("…/run2")               # {rank: [{"step", "epoch", "indices", "sums"}, …]}
+    reference_batches(corpus, config, Topology(world_size=2, rank=0, batch_size=4), steps=3)  # what rank 0 owes
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
 import json
 import os
 import signal
@@ -42,6 +56,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -55,14 +70,16 @@ JOIN_TIMEOUT = 120.0
 class Job:
     """What every rank of one launch runs (written as JSON for the rank processes)."""
 
-    store: str
-    config: dict[str, Any]
     batch_size: int
     log_dir: str
     checkpoint: str
+    store: str | None = None
+    """The store the default ``build`` opens (a path or URL)."""
+    config: dict[str, Any] | None = None
+    """The default ``build``'s ``PipelineConfig``, as ``to_json()`` writes it."""
     checkpoint_every: int = 1
     stop_at: int | None = None
-    """Stop after this global step (None: at the end of the epoch)."""
+    """Stop after this global step (None: at the end of the epoch); a checkpoint is taken there too."""
     resume_from: str | None = None
     die_at: tuple[int, int] | None = None
     """``(rank, step)``: that rank SIGKILLs itself right after logging that step (before its all_reduce)."""
@@ -75,6 +92,14 @@ class Job:
     """Where the plan cache lives (default: beside a local ``store``)."""
     die_downloading_after: int | None = None
     """Every rank SIGKILLs itself halfway through its first remote token-file download after logging this step."""
+    build: str = "conformance.distributed:packed_loader"
+    """``module:function`` called in each rank as ``function(job)``: the rank's loader (in the process group)."""
+    record: str = "conformance.distributed:packed_record"
+    """``module:function`` called on every batch: the JSON fields of that step's log line besides ``step``."""
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What a test's own ``build`` reads (file lists, store paths, options): JSON, as the job travels as JSON."""
+    gather_state: bool = False
+    """Every rank calls ``state_dict()`` at a checkpoint (a collective) and logs ``{"checkpoint", "sha"}``."""
 
 
 def _pipeline_config(data: dict[str, Any]):
@@ -116,15 +141,41 @@ def _die_in_downloads(after_step: int) -> None:
 
 
 
-def run_rank(job: Job, rank: int, world_size: int, init_method: str) -> None:
-    """The body of rank ``rank``: join the group, resume if asked, train, log and checkpoint."""
-    import torch
-    import torch.distributed as dist
+def _resolve(spec: str) -> Callable[..., Any]:
+    module, _, name = spec.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
 
-    from impl._atomic import atomic_write_json
+
+def packed_loader(job: Job) -> Any:
+    """The default ``Job.build``: ``build_dataloader`` over a ``PackedDataset`` of ``job.store`` with ``job.config``."""
     from impl.dataset import PackedDataset
     from impl.loader import build_dataloader
     from impl.store import TokenStore
+
+    if job.store is None or job.config is None:
+        raise ValueError("the default Job.build needs Job.store and Job.config; or name a build of your own")
+    dataset = PackedDataset.from_config(TokenStore.open(job.store, **(job.open_kwargs or {})),
+                                        _pipeline_config(job.config),
+                                        cache_dir=job.plans_dir or Path(job.store).parent / "plans")
+    return build_dataloader(dataset, batch_size=job.batch_size, num_workers=job.num_workers)
+
+
+def packed_record(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The default ``Job.record``: each sample's epoch, global index and token sum (what the reference checks)."""
+    return {"epoch": batch["epoch"].tolist(), "indices": batch["sample_index"].tolist(),
+            "sums": batch["input_ids"].sum(dim=1).tolist()}
+
+
+def state_hash(state: Any) -> str:
+    """The hash a ``gather_state`` rank logs for its ``state_dict()`` (SHA-256 of the JSON with sorted keys)."""
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def run_rank(job: Job, rank: int, world_size: int, init_method: str) -> None:
+    """The body of rank ``rank``: join the group, build, resume if asked, train, log and checkpoint."""
+    import torch
+    import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
@@ -132,42 +183,54 @@ def run_rank(job: Job, rank: int, world_size: int, init_method: str) -> None:
     try:
         if job.die_downloading_after is not None:
             _die_in_downloads(job.die_downloading_after)
-        dataset = PackedDataset.from_config(TokenStore.open(job.store, **(job.open_kwargs or {})),
-                                            _pipeline_config(job.config),
-                                            cache_dir=job.plans_dir or Path(job.store).parent / "plans")
-        loader = build_dataloader(dataset, batch_size=job.batch_size, num_workers=job.num_workers)
-        step = 0
-        if job.resume_from:
-            saved = json.loads(Path(job.resume_from).read_text())
-            loader.load_state_dict(saved["state"])
-            step = saved["step"]
-        log_path = Path(job.log_dir) / f"rank{rank}.jsonl"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a", encoding="utf-8") as log:
-            for batch in loader:
-                step += 1
-                _LOGGED[0] = step
-                line = {"step": step, "epoch": batch["epoch"].tolist(), "indices": batch["sample_index"].tolist(),
-                        "sums": batch["input_ids"].sum(dim=1).tolist()}
-                log.write(json.dumps(line) + "\n")
-                log.flush()
-                if job.die_at is not None and tuple(job.die_at) == (rank, step):
-                    os.kill(os.getpid(), signal.SIGKILL)
-                dist.all_reduce(torch.tensor([float(len(line["indices"]))]))
-                if step % job.checkpoint_every == 0 or step == job.stop_at:
+        loader = _resolve(job.build)(job)
+        _train(job, loader, _resolve(job.record), rank, world_size)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(job: Job, loader: Any, record: Callable[[Any], dict[str, Any]], rank: int, world_size: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from impl._atomic import atomic_write_json
+
+    step = 0
+    if job.resume_from:
+        saved = json.loads(Path(job.resume_from).read_text())
+        loader.load_state_dict(saved["state"])
+        step = saved["step"]
+    log_path = Path(job.log_dir) / f"rank{rank}.jsonl"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+
+        def write(line: dict[str, Any]) -> None:
+            log.write(json.dumps(line) + "\n")
+            log.flush()
+
+        for batch in loader:
+            step += 1
+            _LOGGED[0] = step
+            write({"step": step, **record(batch)})
+            if job.die_at is not None and tuple(job.die_at) == (rank, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(torch.ones(1))
+            if step % job.checkpoint_every == 0 or step == job.stop_at:
+                if job.gather_state:
+                    state = loader.state_dict()          # every rank: a collective (STREAM-14, MIX-24)
+                    write({"checkpoint": step, "sha": state_hash(state)})
+                else:
                     position = torch.tensor([loader.epoch, loader.consumed, -loader.epoch, -loader.consumed])
                     dist.all_reduce(position, op=dist.ReduceOp.MAX)
                     if position[:2].tolist() != (-position[2:]).tolist():
                         raise RuntimeError(f"ranks disagree on the position at step {step}: max {position.tolist()}")
                     dist.barrier()
-                    if rank == 0:
-                        atomic_write_json(job.checkpoint, {"step": step, "world_size": world_size,
-                                                           "state": loader.state_dict()})
-                if job.stop_at is not None and step >= job.stop_at:
-                    break
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+                    state = loader.state_dict() if rank == 0 else None
+                if rank == 0:
+                    atomic_write_json(job.checkpoint, {"step": step, "world_size": world_size, "state": state})
+            if job.stop_at is not None and step >= job.stop_at:
+                break
 
 
 def main(argv: list[str]) -> int:
@@ -190,6 +253,12 @@ class JobResult:
     def describe(self) -> str:
         tails = "\n".join(f"--- rank {r} (exit {c}):\n{e[-1500:]}" for r, (c, e) in enumerate(zip(self.returncodes, self.stderr)))
         return f"exit codes {self.returncodes} after {self.seconds:.1f}s\n{tails}"
+
+    def check_ok(self, what: str, *, clause: str = "RES-4") -> None:
+        """Every rank exited 0, or a failure citing ``clause`` that shows each rank's exit code and stderr."""
+        from conformance.assertions import check
+
+        check(all(code == 0 for code in self.returncodes), clause=clause, what=f"{what}: {self.describe()}")
 
 
 def run_job(job: Job, world_size: int, workdir: Path, *, timeout: float = JOIN_TIMEOUT) -> JobResult:
@@ -249,6 +318,48 @@ def read_logs(log_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
                 break
         out[int(path.stem.removeprefix("rank"))] = records
     return out
+
+
+# --------------------------------------------------------------------------- what the reference says
+
+
+def reference_batches(corpus: Any, config: Any, topology: Any, *, consumed: int = 0, steps: int = -1) -> list[list[int]]:
+    """The reference's batches (global sample indices) of epoch 0 for one rank's ``topology``, from ``consumed``.
+
+    ``steps`` (>= 0) stops after that many batches: what a job that stopped
+    at ``stop_at`` owes. Compared with ``[rec["indices"] for rec in read_logs(...)[rank]]``.
+    """
+    from reference.loader import ReferenceLoader
+    from reference.resume import make_state
+
+    ref = ReferenceLoader(corpus, config, topology)
+    ref.load_state_dict(make_state(ref.fingerprint, 0, consumed))
+    out: list[list[int]] = []
+    for batch in ref:
+        if steps >= 0 and len(out) == steps:
+            break
+        out.append([row.sample_index for row in batch])
+    return out
+
+
+def check_token_sums(corpus: Any, config: Any, logs: Mapping[int, list[dict[str, Any]]], *,
+                     epoch: int | None = None) -> None:
+    """The token sum of every logged sample equals the reference sample's of epoch 0 (RES-1).
+
+    With ``epoch``, every logged sample must also be of that epoch (a job that
+    runs on past the epoch it was meant to finish would fail here first).
+    """
+    from conformance.assertions import assert_equal, check
+    from reference.loader import ReferenceLoader
+
+    samples = ReferenceLoader(corpus, config).samples(0)
+    for rank, records in logs.items():
+        for rec in records:
+            if epoch is not None:
+                check(rec["epoch"] == [epoch] * len(rec["indices"]), clause="RES-1",
+                      what=f"rank {rank} step {rec['step']} left epoch {epoch}")
+            assert_equal(rec["sums"], [sum(samples[i].input_ids) for i in rec["indices"]], clause="RES-1",
+                         what=f"rank {rank} step {rec['step']} token sums")
 
 
 if __name__ == "__main__":

@@ -17,20 +17,12 @@ from collections import Counter
 from pathlib import Path
 
 from impl.repo_fixtures import generators as fixture_generators
+from reference.loader import MixtureReferenceLoader, ReferenceLoader, global_steps
 from reference.mixing import MixConfig
 from reference.ordering import OrderingConfig
 from reference.packing import IGNORE, PackingConfig
 from reference.partition import trained_end
-from reference.resume import (
-    MixtureConfig,
-    MixtureReferenceLoader,
-    PipelineConfig,
-    ReferenceLoader,
-    Topology,
-    audit_coverage,
-    epoch_samples,
-    global_steps,
-)
+from reference.resume import MixtureConfig, PipelineConfig, Topology, audit_coverage, epoch_samples
 
 RULE = "─" * 78
 

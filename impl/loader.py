@@ -2,7 +2,7 @@
 
 Conforms to RES-1 .. RES-8 (docs/SEMANTICS.md, "Resume") and PART-1 .. PART-12
 (docs/SEMANTICS.md, through ``impl.partition.ElasticSampler``); its
-model is ``reference.resume.ReferenceLoader``.
+model is ``reference.loader.ReferenceLoader``.
 
 Why a wrapper around the DataLoader: a DataLoader with workers iterates its
 batch sampler ahead of the training loop (``prefetch_factor * num_workers``

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from conformance.adapter import CAPABILITIES, CanonicalRow, RowLoader
 from reference.errors import ConfigError, StateError
-from reference.resume import Corpus, PipelineConfig, ReferenceLoader, Row, Topology
+from reference.loader import ReferenceLoader
+from reference.resume import Corpus, PipelineConfig, Row, Topology
 
 
 def rows_from_batch(batch: list[Row]) -> list[CanonicalRow]:

@@ -4,13 +4,17 @@ Why a proxy of our own: the failures that break week-long jobs (a 500, a reset
 connection, a body that stalls or ends early, a flipped byte) must be
 produced on demand and counted. :class:`FaultProxy` forwards every request
 to the S3 server and, for a GET whose path contains a rule's ``match``,
-applies the rule's fault ``times`` times (``-1``: always).
+applies the rule's fault ``times`` times (``-1``: always). With no rule it
+is a plain proxy that counts what crossed the wire (``body_bytes``,
+``requests``): the remote benchmarks measure every loader's downloads
+through it, alike, instead of by each loader's own counters.
 
 Worked example::
 
     with S3Server() as s3, FaultProxy(s3.url) as proxy:
         proxy.add("tokens-00001", "500", times=1)   # the first GET of that file gets a 500, the next is forwarded
         files = RemoteFiles("s3://bucket/store", tmp, storage_options=s3_options(proxy.url))
+        proxy.body_bytes                            # response body bytes sent since the start (or the last reset())
 """
 
 from __future__ import annotations
@@ -92,13 +96,20 @@ class FaultProxy:
     reset before any response), ``"stall"`` (headers and half the body, then
     ``stall_s`` of silence), ``"truncate"`` (the full Content-Length announced,
     half the body sent, then closed), ``"flip"`` (one body byte XOR 0xFF).
-    ``gets`` counts the GETs per path that reached the proxy.
+    ``gets`` counts the GETs per path that reached the proxy; ``body_bytes``
+    and ``requests`` count the response bodies sent (all but HEAD's, a
+    fault's part of a body included) since the start or the last :meth:`reset`.
+    ``upstream_timeout`` bounds each forwarded request.
     """
 
     upstream: str
     stall_s: float = 5.0
+    upstream_timeout: float = 30.0
     rules: list[_Rule] = field(default_factory=list)
     gets: dict[str, int] = field(default_factory=dict)
+    body_bytes: int = 0
+    requests: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def add(self, match: str, fault: str, *, times: int = 1) -> None:
         assert fault in ("500", "reset", "stall", "truncate", "flip"), fault
@@ -106,6 +117,16 @@ class FaultProxy:
 
     def hits(self, fault: str) -> int:
         return sum(r.hits for r in self.rules if r.fault == fault)
+
+    def reset(self) -> None:
+        """Start counting ``body_bytes`` and ``requests`` again from zero (the rules and ``gets`` are kept)."""
+        with self._lock:
+            self.body_bytes = self.requests = 0
+
+    def _sent(self, body: bytes) -> None:
+        with self._lock:
+            self.body_bytes += len(body)
+            self.requests += 1
 
     def _take(self, path: str) -> str | None:
         with self._lock:
@@ -116,7 +137,6 @@ class FaultProxy:
         return None
 
     def __enter__(self) -> Self:
-        self._lock = threading.Lock()
         host, port = self.upstream.removeprefix("http://").split(":")
         proxy = self
 
@@ -148,7 +168,7 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(err)
                     return
-                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                conn = http.client.HTTPConnection(host, int(port), timeout=proxy.upstream_timeout)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
@@ -168,11 +188,13 @@ class FaultProxy:
                 if fault in ("stall", "truncate"):
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
+                    proxy._sent(data[: len(data) // 2])
                     if fault == "stall":
                         time.sleep(proxy.stall_s)
                     self.close_connection = True
                     return
                 self.wfile.write(data)
+                proxy._sent(data)
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

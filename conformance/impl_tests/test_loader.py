@@ -33,10 +33,11 @@ from impl.keys import SampleKey
 from impl.loader import ElasticLoader, build_dataloader, collate_to_numpy, tensors_from_numpy
 from impl.partition import ElasticSampler, group_batch
 from reference import collation as ref_collation
+from reference.loader import ReferenceLoader, take
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
 from reference.partition import END_POLICIES, PartitionConfig, epoch_steps, rank_batch, step_slice
-from reference.resume import PipelineConfig, ReferenceLoader, Topology, make_state, take
+from reference.resume import PipelineConfig, Topology, make_state
 
 CORPUS = [[[i * 10 + j + 1 for j in range(i % 7 + 2)] for i in range(f * 9, f * 9 + 9)] for f in range(3)]
 CONFIG = PipelineConfig(packing=PackingConfig(seq_len=4, mode="concat"),

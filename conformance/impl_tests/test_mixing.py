@@ -28,9 +28,10 @@ from impl.packing import PackPlan
 from impl.streams import stream_plan
 from reference import mixing as ref_mixing
 from reference import streams as ref_streams
+from reference.loader import MixtureReferenceLoader
 from reference.mixing import STOPPING_STRATEGIES, MixConfig
 from reference.packing import MODES, PackingConfig
-from reference.resume import MixtureConfig, MixtureReferenceLoader, PipelineConfig, mixture_samples
+from reference.resume import MixtureConfig, PipelineConfig, mixture_samples
 from reference.streams import StreamConfig
 
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")

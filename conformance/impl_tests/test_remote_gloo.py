@@ -26,11 +26,12 @@ import torch.distributed as dist
 
 from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_exactly_once, check
-from conformance.distributed import Job, read_logs, run_job
+from conformance.distributed import Job, check_token_sums, read_logs, reference_batches, run_job
 from impl.cache import STATE_DIR
+from reference.loader import ReferenceLoader
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
-from reference.resume import PipelineConfig, ReferenceLoader, Topology, make_state
+from reference.resume import PipelineConfig, Topology
 
 pytestmark = [pytest.mark.loadspec_gloo,
               pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
@@ -77,29 +78,6 @@ def _job(remote: Path, tmp: Path, run: str, readers: int, **kw) -> Job:
                **kw)
 
 
-def _ok(result, what: str) -> None:
-    check(all(code == 0 for code in result.returncodes), clause="RES-4", what=f"{what}: {result.describe()}")
-
-
-def _check_content(corpus, logs: dict[int, list[dict]]) -> None:
-    samples = ReferenceLoader(corpus, CONFIG).samples(0)
-    for rank, records in logs.items():
-        for rec in records:
-            assert_equal(rec["sums"], [sum(samples[i].input_ids) for i in rec["indices"]], clause="RES-1",
-                         what=f"rank {rank} step {rec['step']} token sums")
-
-
-def _reference_batches(corpus, topology: Topology, *, consumed: int = 0, steps: int = -1) -> list[list[int]]:
-    ref = ReferenceLoader(corpus, CONFIG, topology)
-    ref.load_state_dict(make_state(ref.fingerprint, 0, consumed))
-    out = []
-    for batch in ref:
-        if steps >= 0 and len(out) == steps:
-            break
-        out.append([row.sample_index for row in batch])
-    return out
-
-
 def _check_cache(remote: Path, cache: Path, readers: int) -> None:
     """Within the limit, no partial left, fewer token files than the store's (so some were evicted), all intact."""
     check(not list((cache / STATE_DIR / "partial").iterdir()), clause="RES-4",
@@ -122,25 +100,25 @@ def test_two_ranks_with_two_workers_sharing_an_evicting_cache_resume_on_three_an
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(w1))      # every rank on this node: its readers count
     first = run_job(_job(remote, tmp_path, "run1", readers, batch_size=b1, stop_at=k, checkpoint_every=5,
                          num_workers=2), w1, tmp_path)
-    _ok(first, f"{w1} ranks x 2 workers for {k} steps")
+    first.check_ok(f"{w1} ranks x 2 workers for {k} steps")
     saved = json.loads((tmp_path / "checkpoint.json").read_text())
     check(saved["step"] == k and saved["state"]["consumed"] == k * w1 * b1, clause="PART-3", what=f"checkpoint {saved}")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(w2))
     second = run_job(_job(remote, tmp_path, "run2", readers, batch_size=b2, checkpoint_every=1000, num_workers=2,
                           resume_from=str(tmp_path / "checkpoint.json")), w2, tmp_path)
-    _ok(second, f"resume on {w2} ranks x 2 workers")
+    second.check_ok(f"resume on {w2} ranks x 2 workers")
     logs1, logs2 = read_logs(tmp_path / "run1"), read_logs(tmp_path / "run2")
     consumed = saved["state"]["consumed"]
     for r in range(w1):
         assert_equal([rec["indices"] for rec in logs1[r]],
-                     _reference_batches(corpus, Topology(world_size=w1, rank=r, batch_size=b1), steps=k),
+                     reference_batches(corpus, CONFIG, Topology(world_size=w1, rank=r, batch_size=b1), steps=k),
                      clause="PART-9", what=f"rank {r} of {w1} before the checkpoint")
     for r in range(w2):
         assert_equal([rec["indices"] for rec in logs2[r]],
-                     _reference_batches(corpus, Topology(world_size=w2, rank=r, batch_size=b2), consumed=consumed),
+                     reference_batches(corpus, CONFIG, Topology(world_size=w2, rank=r, batch_size=b2), consumed=consumed),
                      clause="RES-4", what=f"rank {r} of {w2} after resuming at consumed={consumed}")
-    _check_content(corpus, logs1)
-    _check_content(corpus, logs2)
+    check_token_sums(corpus, CONFIG, logs1)
+    check_token_sums(corpus, CONFIG, logs2)
     total = len(ReferenceLoader(corpus, CONFIG).samples(0))
     covered = total - (total - consumed) % (w2 * b2)
     seen = [i for logs in (logs1, logs2) for records in logs.values() for rec in records for i in rec["indices"]]
@@ -166,15 +144,15 @@ def test_a_rank_killed_mid_download_leaves_a_partial_the_restart_removes_and_the
     check(last >= every and last % every == 0, clause="RES-6", what=f"last checkpoint at step {last}")
     resumed = run_job(_job(remote, tmp_path, "run2", world, batch_size=batch, checkpoint_every=1000,
                            resume_from=str(tmp_path / "checkpoint.json")), world, tmp_path)
-    _ok(resumed, "restart from the last checkpoint")
+    resumed.check_ok("restart from the last checkpoint")
     logs1, logs2 = read_logs(tmp_path / "run1"), read_logs(tmp_path / "run2")
     kept = {r: [rec for rec in records if rec["step"] <= last] for r, records in logs1.items()}
     for r in range(world):
         assert_equal([rec["indices"] for rec in kept[r] + logs2[r]],
-                     _reference_batches(corpus, Topology(world_size=world, rank=r, batch_size=batch)),
+                     reference_batches(corpus, CONFIG, Topology(world_size=world, rank=r, batch_size=batch)),
                      clause="RES-1", what=f"rank {r}'s batches up to the checkpoint plus after the restart")
-    _check_content(corpus, kept)
-    _check_content(corpus, logs2)
+    check_token_sums(corpus, CONFIG, kept)
+    check_token_sums(corpus, CONFIG, logs2)
     total = len(ReferenceLoader(corpus, CONFIG).samples(0))
     seen = [i for logs in (kept, logs2) for records in logs.values() for rec in records for i in rec["indices"]]
     assert_exactly_once(seen, range(total - total % (world * batch)), clause="PART-8",

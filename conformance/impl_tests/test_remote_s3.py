@@ -70,6 +70,23 @@ def test_a_store_in_s3_reads_identically_to_the_local_store_and_each_file_downlo
     assert _all_documents(again) == _all_documents(local) and again._files.downloads == 0
 
 
+def test_the_proxy_counts_the_body_bytes_it_forwards_so_a_cold_read_counts_every_file_and_reset_starts_from_zero(
+        s3, tmp_path):
+    import boto3
+
+    victim = (s3.local_store / VICTIM).read_bytes()
+    with FaultProxy(s3.url) as proxy:
+        client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1",
+                              aws_access_key_id=CREDENTIALS["key"], aws_secret_access_key=CREDENTIALS["secret"])
+        assert client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/{VICTIM}")["Body"].read() == victim
+        assert (proxy.body_bytes, proxy.requests) == (len(victim), 1)
+        proxy.reset()
+        assert (proxy.body_bytes, proxy.requests) == (0, 0)
+        _all_documents(_open(proxy.url, tmp_path / "cache"))
+        files = sum(p.stat().st_size for p in s3.local_store.iterdir() if p.is_file())
+        assert proxy.body_bytes >= files and proxy.requests >= len(os.listdir(s3.local_store))
+
+
 @pytest.mark.parametrize("fault", ["500", "reset", "stall", "truncate"])
 def test_a_transient_fault_is_retried_and_the_store_reads_identically(s3, tmp_path, fault):
     with FaultProxy(s3.url, stall_s=3.0) as proxy:

@@ -16,17 +16,11 @@ from impl.dataset import PackedDataset, SampleKey
 from impl.errors import EmptyDataError, SplitError
 from impl.mixed_dataset import MixedDataset
 from impl.splits import resolve_rows, select, slice_store, split_store
+from reference.loader import ReferenceLoader
 from reference.mixing import MixConfig
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
-from reference.resume import (
-    MixtureConfig,
-    PipelineConfig,
-    ReferenceLoader,
-    epoch_samples,
-    mixture_samples,
-    pipeline_fingerprint,
-)
+from reference.resume import MixtureConfig, PipelineConfig, epoch_samples, mixture_samples, pipeline_fingerprint
 from reference.splits import resolve_slice
 
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "token_offsets")

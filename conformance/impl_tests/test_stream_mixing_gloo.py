@@ -2,21 +2,20 @@
 
 Why real processes: ``StreamMixture.state_dict()`` gathers every rank's
 lanes with ``all_gather_object`` only inside a process group. Each rank is a
-``spawn`` process joining a gloo group through a ``file://`` rendezvous under
-the test's directory, builds ``build_dataloader(MixedDataset([stream, store],
-weights=...), batch_size=1)``, logs each trained row, and after ``stop_at``
-steps every rank calls ``state_dict()``; rank 0 writes it. A second job of
-one rank resumes from it. What is checked: the checkpoint equals the
+job of the shared harness (``conformance.distributed``: its own interpreter
+joining a gloo group through a ``file://`` rendezvous under the test's
+directory), builds ``build_dataloader(MixedDataset([stream, store],
+weights=...), batch_size=1)`` (:func:`rank_loader`), logs each trained row,
+and after ``stop_at`` steps every rank calls ``state_dict()``
+(``gather_state``); rank 0 writes it. A second job of one rank resumes from it. What is checked: the checkpoint equals the
 reference's merged state after the same steps, and the rows trained by both
 jobs equal the reference's, each ``(source, lane, source_index)`` at most once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import multiprocessing
-import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch.distributed as dist
 
 from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, check
-from conformance.distributed import JOIN_TIMEOUT
+from conformance.distributed import Job, read_logs, run_job
 from conformance.impl_tests.streaming_corpus import FIELDS, take, tokenizer, write
 
 pytestmark = [pytest.mark.loadspec_gloo,
@@ -56,60 +55,25 @@ def _rows(batches: Any) -> list[list[Any]]:
              + [b[f][j].tolist() for f in FIELDS] for j in range(len(b["lane"]))] for b in batches]
 
 
-def _rank_main(rank: int, world: int, init: str, job: dict[str, Any]) -> None:
-    import torch
-
-    from impl._atomic import atomic_write_json
+def rank_loader(job: Job) -> Any:
+    """Each rank's loader (``Job.build``): the stream and the store mixed, batches of one."""
     from impl.dataset import PackedDataset
     from impl.loader import build_dataloader
     from impl.mixed_dataset import MixedDataset
     from impl.streaming import StreamingDataset
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=job["gloo_timeout"]))
-    try:
-        stream = StreamingDataset(job["files"], tokenizer=job["tokenizer"], **STREAM)
-        store = PackedDataset.from_config(job["store"], _store_config(stream.config.packing.pad_id), cache_dir=False)
-        loader = build_dataloader(MixedDataset([stream, store], **MIX), batch_size=1)
-        if job["resume_from"]:
-            loader.load_state_dict(json.loads(Path(job["resume_from"]).read_text()))
-        log = Path(job["log_dir"]) / f"rank{rank}.json"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        rows = _rows(take(loader, job["stop_at"])) if job["stop_at"] else _rows(loader)
-        state = loader.state_dict()                    # every rank: an all_gather of the lanes
-        log.write_text(json.dumps(rows))
-        if rank == 0:
-            atomic_write_json(job["checkpoint"], state)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    stream = StreamingDataset(job.params["files"], tokenizer=job.params["tokenizer"], **STREAM)
+    store = PackedDataset.from_config(job.params["store"], _store_config(stream.config.packing.pad_id), cache_dir=False)
+    return build_dataloader(MixedDataset([stream, store], **MIX), batch_size=job.batch_size)
 
 
-def _launch(job: dict[str, Any], world: int, workdir: Path, tag: str) -> list[int | None]:
-    """Every rank as a ``spawn`` process; all killed when one exits non-zero or the deadline passes."""
-    from conformance.ranks import scaled
+def rank_record(batch: Any) -> dict[str, Any]:
+    """Each step's log line (``Job.record``): the batch's rows."""
+    return {"rows": _rows([batch])[0]}
 
-    ctx = multiprocessing.get_context("spawn")
-    init = f"file://{workdir / f'rendezvous-{tag}'}"
-    job = dict(job, gloo_timeout=scaled(30.0))
-    procs = [ctx.Process(target=_rank_main, args=(r, world, init, job)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + scaled(JOIN_TIMEOUT)
-    try:
-        while time.monotonic() < deadline:
-            codes = [p.exitcode for p in procs]
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                break
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=30)
-    return [p.exitcode for p in procs]
+
+def _trained(log_dir: Path, rank: int) -> list[list[Any]]:
+    return [row for rec in read_logs(log_dir)[rank] if "rows" in rec for row in rec["rows"]]
 
 
 @pytest.mark.clause("MIX-24")
@@ -145,18 +109,19 @@ def test_a_two_rank_mixture_checkpoint_resumes_on_one_rank_as_the_reference_does
     expected_rest = [row for b in ref_rows(one) for row in b]
     check(len(expected_rest) > 0, clause="MIX-24", what="the fixture leaves samples for the resumed job")
 
-    job = {"files": names, "tokenizer": str(path), "store": store_path, "stop_at": 3, "resume_from": None,
-           "log_dir": str(tmp_path / "a"), "checkpoint": str(tmp_path / "ckpt.json")}
-    assert_equal(_launch(job, 2, tmp_path, "a"), [0, 0], clause="MIX-24", what="exit codes of the 2-rank job")
-    saved = json.loads(Path(job["checkpoint"]).read_text())
+    job = Job(build=f"{__name__}:rank_loader", record=f"{__name__}:rank_record", gather_state=True,
+              params={"files": names, "tokenizer": str(path), "store": store_path}, batch_size=1, stop_at=3,
+              checkpoint_every=1000, log_dir=str(tmp_path / "a"), checkpoint=str(tmp_path / "ckpt.json"))
+    assert_equal(run_job(job, 2, tmp_path).returncodes, [0, 0], clause="MIX-24", what="exit codes of the 2-rank job")
+    saved = json.loads(Path(job.checkpoint).read_text())["state"]
     assert_equal(saved, json.loads(json.dumps(expected_state)), clause="MIX-24", what="the gathered checkpoint")
-    first = [row for r in (0, 1) for b in json.loads((tmp_path / "a" / f"rank{r}.json").read_text()) for row in b]
+    first = [row for r in (0, 1) for row in _trained(tmp_path / "a", r)]
     assert_equal(sorted(first), sorted(json.loads(json.dumps(expected_first))), clause="MIX-24",
                  what="rows the 2-rank job trained")
-    job = dict(job, stop_at=None, resume_from=job["checkpoint"], log_dir=str(tmp_path / "b"),
-               checkpoint=str(tmp_path / "ckpt-b.json"))
-    assert_equal(_launch(job, 1, tmp_path, "b"), [0], clause="MIX-24", what="exit code of the resumed job")
-    rest = [row for b in json.loads((tmp_path / "b" / "rank0.json").read_text()) for row in b]
+    job = dataclasses.replace(job, stop_at=None, resume_from=job.checkpoint, log_dir=str(tmp_path / "b"),
+                              checkpoint=str(tmp_path / "ckpt-b.json"))
+    assert_equal(run_job(job, 1, tmp_path).returncodes, [0], clause="MIX-24", what="exit code of the resumed job")
+    rest = _trained(tmp_path / "b", 0)
     assert_equal(rest, json.loads(json.dumps(expected_rest)), clause="MIX-24", what="rows the resumed job trained")
     trained = [(r[3], r[1], r[4]) for r in first + rest if r[0] == 0]     # a stream's index counts in its lane
     check(len(trained) == len(set(trained)), clause="MIX-24", what="a (source, lane, source_index) trained twice")

@@ -2,15 +2,15 @@
 
 Why real processes: "every rank's ``state_dict()`` returns the same JSON"
 and "resumes on another world size" are claims about a real process group
-and separate address spaces. Each rank is a ``spawn`` process joining a
-gloo group through a ``file://`` rendezvous under the test's directory; it
-builds ``build_dataloader(StreamingDataset(...), batch_size=2)`` (rank and
-world size from the group) and "trains": per step it logs every sample's
-lane, index and provenance (``doc_ids`` / ``token_offsets``) and joins an
-``all_reduce``; every ``checkpoint_every`` steps *every* rank calls
-``state_dict()`` (an all_gather) and logs its JSON's hash, and rank 0 writes
-it atomically. The launcher waits with a deadline (``JOIN_TIMEOUT`` times
-``LOADSPEC_TIMEOUT_SCALE``) and kills every rank when one exits non-zero.
+and separate address spaces. Each rank is a job of the shared harness
+(``conformance.distributed``: its own interpreter joining a gloo group through
+a ``file://`` rendezvous under the test's directory, a deadline on the job,
+every rank killed when one exits non-zero); here it builds
+``build_dataloader(StreamingDataset(...), batch_size=2)`` (:func:`rank_loader`)
+and logs every sample's lane, index and provenance (``doc_ids`` /
+``token_offsets``, :func:`rank_record`); with ``gather_state`` *every* rank
+calls ``state_dict()`` at a checkpoint (an all_gather) and logs its JSON's
+hash, and rank 0 writes it atomically.
 
 What is checked: the checkpoint equals ``reference.streaming``'s merged
 state after the same steps; the samples trained across the runs equal the
@@ -21,14 +21,9 @@ is only the tail of each lane that equal-step truncation drops (STREAM-12).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import multiprocessing
-import os
 import signal
-import time
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +31,7 @@ import pytest
 import torch.distributed as dist
 
 from conformance.assertions import assert_equal, assert_exactly_once, check
-from conformance.distributed import JOIN_TIMEOUT
+from conformance.distributed import Job, read_logs, run_job, state_hash
 from conformance.impl_tests.streaming_corpus import impl_rows, ref_rows, take, tokenizer, write
 
 pytestmark = [pytest.mark.loadspec_gloo,
@@ -61,82 +56,27 @@ def _specs() -> list[tuple[str, list[list[str]]]]:
 # --------------------------------------------------------------------------- one rank
 
 
-def _rank_main(rank: int, world: int, init: str, job: dict[str, Any]) -> None:
-    import torch
-
-    from impl._atomic import atomic_write_json
+def rank_loader(job: Job) -> Any:
+    """Each rank's loader (``Job.build``): the streaming dataset over the corpus, batches of ``BATCH``."""
     from impl.loader import build_dataloader
     from impl.streaming import StreamingDataset
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=job["gloo_timeout"]))
-    try:
-        ds = StreamingDataset(job["files"], tokenizer=job["tokenizer"], index_dir=job["index_dir"], **OPTIONS)
-        loader = build_dataloader(ds, batch_size=BATCH, num_workers=job["num_workers"])
-        step = 0
-        if job["resume_from"]:
-            saved = json.loads(Path(job["resume_from"]).read_text())
-            loader.load_state_dict(saved["state"])
-            step = saved["step"]
-        log_path = Path(job["log_dir"]) / f"rank{rank}.jsonl"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a", encoding="utf-8") as log:
-            for batch in loader:
-                step += 1
-                log.write(json.dumps({"step": step, "rows": impl_rows([batch])[0]}) + "\n")
-                log.flush()
-                if job["die_at"] is not None and tuple(job["die_at"]) == (rank, step):
-                    os.kill(os.getpid(), signal.SIGKILL)
-                dist.all_reduce(torch.ones(1))
-                if step % job["checkpoint_every"] == 0:
-                    state = loader.state_dict()          # every rank: an all_gather of the lanes (STREAM-14)
-                    text = json.dumps(state, sort_keys=True)
-                    log.write(json.dumps({"checkpoint": step, "sha": hashlib.sha256(text.encode()).hexdigest()}) + "\n")
-                    log.flush()
-                    if rank == 0:
-                        atomic_write_json(job["checkpoint"], {"step": step, "state": state})
-                if job["stop_at"] is not None and step >= job["stop_at"]:
-                    break
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    ds = StreamingDataset(job.params["files"], tokenizer=job.params["tokenizer"], index_dir=job.params["index_dir"],
+                          **OPTIONS)
+    return build_dataloader(ds, batch_size=job.batch_size, num_workers=job.num_workers)
 
 
-def _launch(job: dict[str, Any], world: int, workdir: Path, tag: str) -> list[int | None]:
-    """Every rank as a ``spawn`` process; all killed when one exits non-zero or the deadline passes."""
-    from conformance.ranks import scaled
-
-    ctx = multiprocessing.get_context("spawn")
-    init = f"file://{workdir / f'rendezvous-{tag}'}"
-    job = dict(job, gloo_timeout=scaled(30.0))
-    procs = [ctx.Process(target=_rank_main, args=(r, world, init, job)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + scaled(JOIN_TIMEOUT)
-    try:
-        while time.monotonic() < deadline:
-            codes = [p.exitcode for p in procs]
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                break
-            time.sleep(0.05)
-    finally:
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-        for p in procs:
-            p.join(timeout=30)
-    return [p.exitcode for p in procs]
+def rank_record(batch: Any) -> dict[str, Any]:
+    """Each step's log line (``Job.record``): the batch's rows with their provenance."""
+    return {"rows": impl_rows([batch])[0]}
 
 
 def _logs(log_dir: Path, upto: int | None = None) -> tuple[list[tuple[Any, ...]], dict[int, dict[int, str]]]:
     """Every trained row (as tuples) up to step ``upto``, and each checkpoint's state hash per rank."""
     rows: list[tuple[Any, ...]] = []
     shas: dict[int, dict[int, str]] = {}
-    for path in sorted(log_dir.glob("rank*.jsonl")):
-        rank = int(path.stem.removeprefix("rank"))
-        for line in path.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
+    for rank, records in read_logs(log_dir).items():
+        for rec in records:
             if "checkpoint" in rec:
                 shas.setdefault(rec["checkpoint"], {})[rank] = rec["sha"]
             elif upto is None or rec["step"] <= upto:
@@ -184,10 +124,14 @@ def corpus(tmp_path_factory) -> dict[str, Any]:
             "rows": sum(len(g) for _, gs in _specs() for g in gs)}
 
 
-def _job(corpus: dict[str, Any], tmp: Path, name: str, **kw: Any) -> dict[str, Any]:
-    return {"files": corpus["files"], "tokenizer": corpus["tokenizer"], "index_dir": corpus["index_dir"],
-            "log_dir": str(tmp / name), "checkpoint": str(tmp / f"ckpt-{name}.json"), "checkpoint_every": 1,
-            "stop_at": None, "resume_from": None, "die_at": None, "num_workers": 0} | kw
+def _job(corpus: dict[str, Any], tmp: Path, name: str, **kw: Any) -> Job:
+    return Job(build=f"{__name__}:rank_loader", record=f"{__name__}:rank_record", gather_state=True,
+               params={"files": corpus["files"], "tokenizer": corpus["tokenizer"], "index_dir": corpus["index_dir"]},
+               batch_size=BATCH, log_dir=str(tmp / name), checkpoint=str(tmp / f"ckpt-{name}.json"), **kw)
+
+
+def _launch(job: Job, world: int, workdir: Path) -> list[int]:
+    return run_job(job, world, workdir).returncodes
 
 
 def _check_trained(corpus: dict[str, Any], trained: list[tuple[Any, ...]], expected: list[tuple[Any, ...]],
@@ -215,15 +159,14 @@ def _check_trained(corpus: dict[str, Any], trained: list[tuple[Any, ...]], expec
 
 def _checkpoint(path: Path, shas: dict[int, dict[int, str]], step: int, world: int) -> dict[str, Any]:
     saved = json.loads(path.read_text())
-    text = json.dumps(saved["state"], sort_keys=True)
-    assert_equal(shas.get(step), {r: hashlib.sha256(text.encode()).hexdigest() for r in range(world)},
+    assert_equal(shas.get(step), {r: state_hash(saved["state"]) for r in range(world)},
                  clause="STREAM-14", what=f"the hash of every rank's state_dict() at step {step}")
     return saved
 
 
 @pytest.mark.clause("STREAM-14", "STREAM-15")
 def test_a_2_rank_checkpoint_resumes_on_4_ranks_and_on_1_training_every_sample_once_gloo(corpus, tmp_path):
-    codes = _launch(_job(corpus, tmp_path, "two", stop_at=3), 2, tmp_path, "two")
+    codes = _launch(_job(corpus, tmp_path, "two", stop_at=3), 2, tmp_path)
     assert codes == [0, 0], f"2-rank run: exit codes {codes}"
     first, shas = _logs(tmp_path / "two")
     saved = _checkpoint(tmp_path / "ckpt-two.json", shas, 3, 2)
@@ -235,7 +178,7 @@ def test_a_2_rank_checkpoint_resumes_on_4_ranks_and_on_1_training_every_sample_o
     for world, workers in ((4, 0), (1, 2)):
         name = f"resume{world}"
         codes = _launch(_job(corpus, tmp_path, name, resume_from=str(tmp_path / "ckpt-two.json"),
-                             num_workers=workers, checkpoint_every=1000), world, tmp_path, name)
+                             num_workers=workers, checkpoint_every=1000), world, tmp_path)
         assert codes == [0] * world, f"resume on {world} ranks: exit codes {codes}"
         rest, _ = _logs(tmp_path / name)
         ref_rest, _ = ref.run(world, None, saved["state"])
@@ -244,14 +187,13 @@ def test_a_2_rank_checkpoint_resumes_on_4_ranks_and_on_1_training_every_sample_o
 
 @pytest.mark.clause("STREAM-14", "STREAM-15")
 def test_a_rank_killed_mid_epoch_restarts_from_the_last_checkpoint_training_every_sample_once_gloo(corpus, tmp_path):
-    codes = _launch(_job(corpus, tmp_path, "killed", checkpoint_every=2, die_at=(1, 5)), 2, tmp_path, "killed")
+    codes = _launch(_job(corpus, tmp_path, "killed", checkpoint_every=2, die_at=(1, 5)), 2, tmp_path)
     check(codes[1] == -signal.SIGKILL, clause="STREAM-14", what=f"rank 1 should die by SIGKILL: exit codes {codes}")
     _, shas = _logs(tmp_path / "killed")
     saved = _checkpoint(tmp_path / "ckpt-killed.json", shas, 4, 2)
     assert_equal(saved["step"], 4, clause="STREAM-14", what="the last checkpoint before the kill")
     before, _ = _logs(tmp_path / "killed", upto=4)
-    codes = _launch(_job(corpus, tmp_path, "restart", resume_from=str(tmp_path / "ckpt-killed.json")), 2, tmp_path,
-                    "restart")
+    codes = _launch(_job(corpus, tmp_path, "restart", resume_from=str(tmp_path / "ckpt-killed.json")), 2, tmp_path)
     assert codes == [0, 0], f"restart: exit codes {codes}"
     after, _ = _logs(tmp_path / "restart")
     uninterrupted, _ = corpus["ref"].run(2, None)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference import rng
 from reference.errors import ConfigError, StateError, TopologyError
+from reference.loader import MixtureReferenceLoader
 from reference.mixing import (
     STOPPING_STRATEGIES,
     MixConfig,
@@ -36,14 +37,7 @@ from reference.mixing import (
     repeated_rows,
 )
 from reference.packing import PackingConfig
-from reference.resume import (
-    MixtureConfig,
-    MixtureReferenceLoader,
-    PipelineConfig,
-    Topology,
-    corpus_fingerprint,
-    mixture_fingerprint,
-)
+from reference.resume import MixtureConfig, PipelineConfig, Topology, corpus_fingerprint, mixture_fingerprint
 from reference.streams import StreamConfig, check_batch_topology, mix_streams, stratified_counts, stream_counts
 
 sizes_st = st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=4)

@@ -13,25 +13,21 @@ from hypothesis import strategies as st
 from conformance import strategies as ls
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import ConfigError, StateError, TopologyError
+from reference.loader import MixtureReferenceLoader, ReferenceLoader, global_steps, resume_mismatch, take
 from reference.mixing import STOPPING_STRATEGIES, MixConfig, balance_remaining
 from reference.packing import PackingConfig
 from reference.partition import PartitionConfig, steps_in_epoch
 from reference.resume import (
     MixtureConfig,
-    MixtureReferenceLoader,
     PipelineConfig,
-    ReferenceLoader,
     Topology,
     canonical_json,
     corpus_fingerprint,
     epoch_samples,
-    global_steps,
     make_state,
     mixture_fingerprint,
     mixture_samples,
     pipeline_fingerprint,
-    resume_mismatch,
-    take,
 )
 from reference.streams import StreamConfig
 

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from conformance import strategies as _ls
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import SplitError
+from reference.loader import ReferenceLoader
 from reference.packing import NO_OFFSET, PackingConfig, prepare
-from reference.resume import PipelineConfig, ReferenceLoader, epoch_samples
+from reference.resume import PipelineConfig, epoch_samples
 from reference.splits import (
     SplitSpec,
     parse_bounds,

@@ -21,10 +21,11 @@ import torch.distributed as dist
 
 from conformance.adapters.impl import build_store
 from conformance.assertions import assert_equal, assert_exactly_once, check
-from conformance.distributed import Job, read_logs, run_job
+from conformance.distributed import Job, check_token_sums, read_logs, reference_batches, run_job
+from reference.loader import ReferenceLoader
 from reference.ordering import OrderingConfig
 from reference.packing import PackingConfig
-from reference.resume import PipelineConfig, ReferenceLoader, Topology, make_state
+from reference.resume import PipelineConfig, Topology
 
 pytestmark = [pytest.mark.loadspec_gloo,
               pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
@@ -62,54 +63,28 @@ def _job(store: str, tmp: Path, run: str, **kw) -> Job:
     return Job(store=store, config=CONFIG.to_json(), log_dir=str(tmp / run), checkpoint=str(tmp / "checkpoint.json"), **kw)
 
 
-def _reference_batches(corpus, topology: Topology, *, consumed: int = 0, steps: int = -1) -> list[list[int]]:
-    """The reference's batches (global sample indices) of epoch 0 for one rank, from ``consumed``."""
-    ref = ReferenceLoader(corpus, CONFIG, topology)
-    ref.load_state_dict(make_state(ref.fingerprint, 0, consumed))
-    out = []
-    for batch in ref:
-        if steps >= 0 and len(out) == steps:
-            break
-        out.append([row.sample_index for row in batch])
-    return out
-
-
-def _check_content(corpus, logs: dict[int, list[dict]]) -> None:
-    """The token checksum of every logged sample equals the reference sample's (epoch 0)."""
-    samples = ReferenceLoader(corpus, CONFIG).samples(0)
-    for rank, records in logs.items():
-        for rec in records:
-            check(rec["epoch"] == [0] * len(rec["indices"]), clause="RES-1", what=f"rank {rank} step {rec['step']} left epoch 0")
-            expected = [sum(samples[i].input_ids) for i in rec["indices"]]
-            assert_equal(rec["sums"], expected, clause="RES-1", what=f"rank {rank} step {rec['step']} token sums")
-
-
-def _ok(result, what: str) -> None:
-    check(all(code == 0 for code in result.returncodes), clause="RES-4", what=f"{what}: {result.describe()}")
-
-
 def _elastic(corpus, store_path, tmp: Path, before: tuple[int, int], after: tuple[int, int], k: int) -> None:
     (w1, b1), (w2, b2) = before, after
     first = run_job(_job(store_path, tmp, "run1", batch_size=b1, stop_at=k, checkpoint_every=k), w1, tmp)
-    _ok(first, f"{w1} ranks for {k} steps")
+    first.check_ok(f"{w1} ranks for {k} steps")
     saved = json.loads((tmp / "checkpoint.json").read_text())
     check(saved["step"] == k and saved["state"]["consumed"] == k * w1 * b1, clause="PART-3",
           what=f"checkpoint {saved} after {k} steps of {w1} ranks x {b1}")
     second = run_job(_job(store_path, tmp, "run2", batch_size=b2, resume_from=str(tmp / "checkpoint.json")), w2, tmp)
-    _ok(second, f"resume on {w2} ranks")
+    second.check_ok(f"resume on {w2} ranks")
     logs1, logs2 = read_logs(tmp / "run1"), read_logs(tmp / "run2")
     check(sorted(logs1) == list(range(w1)) and sorted(logs2) == list(range(w2)), clause="RES-4",
           what=f"logs of ranks {sorted(logs1)} then {sorted(logs2)}")
     consumed = saved["state"]["consumed"]
     for r in range(w1):
-        assert_equal([rec["indices"] for rec in logs1[r]], _reference_batches(corpus, Topology(world_size=w1, rank=r, batch_size=b1), steps=k),
+        assert_equal([rec["indices"] for rec in logs1[r]], reference_batches(corpus, CONFIG, Topology(world_size=w1, rank=r, batch_size=b1), steps=k),
                      clause="PART-9", what=f"rank {r} of {w1} before the checkpoint")
     for r in range(w2):
         assert_equal([rec["indices"] for rec in logs2[r]],
-                     _reference_batches(corpus, Topology(world_size=w2, rank=r, batch_size=b2), consumed=consumed),
+                     reference_batches(corpus, CONFIG, Topology(world_size=w2, rank=r, batch_size=b2), consumed=consumed),
                      clause="RES-4", what=f"rank {r} of {w2} after resuming at consumed={consumed}")
-    _check_content(corpus, logs1)
-    _check_content(corpus, logs2)
+    check_token_sums(corpus, CONFIG, logs1, epoch=0)
+    check_token_sums(corpus, CONFIG, logs2, epoch=0)
     total = len(ReferenceLoader(corpus, CONFIG).samples(0))
     g2 = w2 * b2
     covered = consumed + (total - consumed) - (total - consumed) % g2
@@ -149,19 +124,19 @@ def test_a_rank_killed_with_sigkill_mid_epoch_and_a_restart_from_the_last_checkp
     check(saved["step"] == last, clause="RES-6", what=f"last checkpoint at step {saved['step']}, expected {last}")
     resumed = run_job(_job(store_path, tmp_path, "run2", batch_size=batch, checkpoint_every=every,
                            resume_from=str(tmp_path / "checkpoint.json")), world, tmp_path)
-    _ok(resumed, "restart from the last checkpoint")
+    resumed.check_ok("restart from the last checkpoint")
     logs1, logs2 = read_logs(tmp_path / "run1"), read_logs(tmp_path / "run2")
     check(max(rec["step"] for rec in logs1[victim]) == die_at, clause="RES-1",
           what=f"rank {victim} logged up to step {max(rec['step'] for rec in logs1[victim])}, died at {die_at}")
     kept = {r: [rec for rec in records if rec["step"] <= last] for r, records in logs1.items()}
     for r in range(world):
         trained = [rec["indices"] for rec in kept[r] + logs2[r]]
-        assert_equal(trained, _reference_batches(corpus, Topology(world_size=world, rank=r, batch_size=batch)),
+        assert_equal(trained, reference_batches(corpus, CONFIG, Topology(world_size=world, rank=r, batch_size=batch)),
                      clause="RES-1", what=f"rank {r}'s batches up to the checkpoint plus after the restart")
         check([rec["step"] for rec in logs2[r]][:1] == [last + 1], clause="RES-1",
               what=f"rank {r} restarted at step {[rec['step'] for rec in logs2[r]][:1]}, expected {last + 1}")
-    _check_content(corpus, kept)
-    _check_content(corpus, logs2)
+    check_token_sums(corpus, CONFIG, kept, epoch=0)
+    check_token_sums(corpus, CONFIG, logs2, epoch=0)
     total = len(ReferenceLoader(corpus, CONFIG).samples(0))
     seen = [i for logs in (kept, logs2) for records in logs.values() for rec in records for i in rec["indices"]]
     assert_exactly_once(seen, range(total - total % (world * batch)), clause="PART-8",

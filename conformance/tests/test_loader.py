@@ -19,8 +19,9 @@ from conformance import strategies as ls
 from conformance.adapter import CanonicalRow, required_capabilities
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import StateError
+from reference.loader import ReferenceLoader, take
 from reference.partition import trained_end
-from reference.resume import PipelineConfig, ReferenceLoader, Topology, take
+from reference.resume import PipelineConfig, Topology
 
 
 def _rank_topologies(t: Topology) -> list[Topology]:

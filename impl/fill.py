@@ -1,6 +1,6 @@
 """The fill: a plan's samples from the tokens of the files they touch (``impl.packing`` is the plan).
 
-Conforms to PACK-3, PACK-4, PACK-5 and PACK-20 of docs/clauses/packing.md:
+Conforms to PACK-3, PACK-4, PACK-5 and PACK-20 of docs/SEMANTICS.md:
 ``materialize(plan, i, ...)`` returns exactly what ``reference.packing.fill``
 returns for sample ``i``, and ``materialize_batch`` the same samples stacked.
 

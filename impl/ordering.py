@@ -1,7 +1,7 @@
 """Vectorised epoch orders: ``reference.ordering`` on numpy arrays, bit for bit.
 
 Conforms to ORD-1, ORD-2, ORD-3, ORD-4, ORD-5, ORD-9, ORD-11 and ORD-13 of
-docs/clauses/ordering.md, for the random-access kinds ``sequential``,
+docs/SEMANTICS.md, for the random-access kinds ``sequential``,
 ``global`` and ``window``. ORD-6..ORD-8 and ORD-10 (the buffered shuffle)
 are deliberately not implemented: see below.
 

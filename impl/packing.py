@@ -1,7 +1,7 @@
 """Vectorised packing plans: ``reference.packing``'s plan as flat integer arrays (the fill is ``impl.fill``).
 
 Conforms to PACK-1, PACK-2, PACK-6, PACK-8, PACK-10, PACK-11, PACK-14 ..
-PACK-20 and PACK-22 of docs/clauses/packing.md (PACK-21, config validation, is
+PACK-20 and PACK-22 of docs/SEMANTICS.md (PACK-21, config validation, is
 ``reference.packing.PackingConfig``'s own): ``pack_plan`` returns the same
 pieces as ``reference.packing.pack_plan`` for every mode and option.
 

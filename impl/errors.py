@@ -37,6 +37,7 @@ __all__ = [
     "CacheLimitError",
     "CacheWaitError",
     "ConfigError",
+    "DatasetsVersionError",
     "DownloadError",
     "EmptyDataError",
     "EvalBroadcastError",
@@ -101,6 +102,10 @@ class TokenizerError(ConfigError):
 
 class SourceError(ConfigError):
     """A build source cannot be read as documents (missing path, unknown file kind, bad text field)."""
+
+
+class DatasetsVersionError(SourceError):
+    """The installed ``datasets`` lacks an internal attribute loadspec reads to find an HF object's files (STREAM-19)."""
 
 
 class EvalBuildError(LoadspecError):

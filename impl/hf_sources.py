@@ -21,6 +21,16 @@ joined in order, are whole cache files), with nothing applied after (no
 loader reads itself. Anything else raises ``SourceError`` naming the fix
 (``save_to_disk`` it and pass the directory, or pass the data files).
 
+Why a few private attributes, each read in one accessor: ``datasets`` has
+no public way to ask whether a ``Dataset`` has an indices mapping
+(``_indices``), what an ``IterableDataset`` is built on (``_ex_iterable``) or
+whether ``split_dataset_by_node`` split it (``_distributed``); the table is
+read through the public ``Dataset.data``. :func:`_internal` reads each, so a
+``datasets`` release that drops or renames one raises
+``DatasetsVersionError`` naming the version and the fix (pass the data files
+or a ``save_to_disk`` directory, which need none of them), instead of an
+``AttributeError`` from inside the loader or a split source taken as unsplit.
+
 Worked example::
 
     ds = datasets.load_dataset("json", data_files="corpus/*.jsonl", cache_dir="hf_cache")
@@ -37,7 +47,7 @@ import re
 import sys
 from typing import Any
 
-from impl.errors import ConfigError, SourceError, require
+from impl.errors import ConfigError, DatasetsVersionError, SourceError, require
 
 __all__ = ["hf_paths"]
 
@@ -111,6 +121,39 @@ def directory_files(directory: str, split: str | None) -> list[str]:
     return _cache_split(directory, split)
 
 
+def _internal(obj: Any, name: str, purpose: str) -> Any:
+    """``obj.<name>``, an attribute ``datasets`` does not publish, read to learn ``purpose``; named if missing.
+
+    >>> _internal(object(), "_indices", "whether it has an indices mapping")
+    Traceback (most recent call last):
+    ...
+    impl.errors.DatasetsVersionError: datasets ... has no object._indices, which loadspec reads to learn whether it has an indices mapping (datasets publishes no such API): pass the data files themselves (the paths or glob the dataset was loaded from), or write the rows with ds.save_to_disk(<dir>) and pass that directory
+    """
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        version = getattr(sys.modules.get("datasets"), "__version__", "(not imported)")
+        raise DatasetsVersionError(
+            f"datasets {version} has no {type(obj).__name__}.{name}, which loadspec reads to learn {purpose} "
+            "(datasets publishes no such API): pass the data files themselves (the paths or glob the dataset was "
+            "loaded from), or write the rows with ds.save_to_disk(<dir>) and pass that directory") from None
+
+
+def _indices_mapping(ds: Any) -> Any:
+    """A Dataset's indices mapping (``select`` / ``shuffle`` / ``filter`` / ``sort``), or None."""
+    return _internal(ds, "_indices", "whether its rows are reordered by an indices mapping")
+
+
+def _examples_iterable(ds: Any) -> Any:
+    """What an IterableDataset is built on: the ``ExamplesIterable`` whose type and kwargs name its files."""
+    return _internal(ds, "_ex_iterable", "what it is built on (its data files, or a generator, map, shuffle ...)")
+
+
+def _node_split(ds: Any) -> Any:
+    """``split_dataset_by_node``'s record on an IterableDataset, or None when it is unsplit."""
+    return _internal(ds, "_distributed", "whether it was split with split_dataset_by_node")
+
+
 def _file_rows(path: str) -> int:
     import pyarrow as pa
 
@@ -122,18 +165,19 @@ def _spans(ds: Any) -> list[tuple[str, int, int]]:
     """``(file, first row, stop row)`` of each part of a Dataset's table, in row order; refused if a part is not a file's rows."""
     from datasets.table import ConcatenationTable, MemoryMappedTable
 
+    indices = _indices_mapping(ds)          # first: the public num_rows and cache_files read it too
     what = f"the Dataset ({ds.num_rows} rows, columns {ds.column_names})"
     require(bool(ds.cache_files), SourceError,
             f"{what} is held in memory (it has no cache files), so no row can be re-read at resume: write it with "
             "ds.save_to_disk(<dir>) and pass that directory")
-    require(ds._indices is None, SourceError,
+    require(indices is None, SourceError,
             f"{what} has an indices mapping (from select, shuffle, filter, sort, shard or train_test_split), so its "
             "rows are not its cache files' rows in order: call ds = ds.flatten_indices(), or ds.save_to_disk(<dir>) "
             "and pass that directory")
     beside = (f"{what} holds columns or rows beside its cache files (add_column, rename / remove / cast, a slice, or "
               "an in-memory part), so the files do not hold its rows as it shows them: write it with "
               "ds.save_to_disk(<dir>) and pass that directory")
-    table = ds._data
+    table = ds.data
     blocks = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
     spans = []
     for block in blocks:
@@ -174,13 +218,14 @@ def _dataset_files(ds: Any) -> list[str]:
 
 def _iterable_files(ds: Any) -> list[str]:
     """The local files of an unmodified ``load_dataset(..., streaming=True)`` or ``Dataset.to_iterable_dataset()``."""
-    ex = ds._ex_iterable
-    kwargs = getattr(ex, "kwargs", None) or {}
+    ex = _examples_iterable(ds)
+    arrow = type(ex).__name__ == "ArrowExamplesIterable"
+    kwargs = (_internal(ex, "kwargs", "the files it reads") if arrow else None) or {}
     shards = kwargs.get("shards")
     hf = sys.modules["datasets"]
-    if type(ex).__name__ == "ArrowExamplesIterable" and isinstance(shards, list) and shards and all(
+    if arrow and isinstance(shards, list) and shards and all(
             isinstance(s, hf.Dataset) for s in shards):        # Dataset.to_iterable_dataset(): its shards in order
-        require(getattr(ds, "_distributed", None) is None, SourceError,
+        require(_node_split(ds) is None, SourceError,
                 "the IterableDataset was split with split_dataset_by_node; pass the unsplit one: StreamingDataset "
                 "deals lanes to ranks itself (STREAM-10)")
         return _whole_files([span for s in shards for span in _spans(s)], "the IterableDataset (its shards joined)")
@@ -190,10 +235,10 @@ def _iterable_files(ds: Any) -> list[str]:
            "files, or Dataset.to_iterable_dataset() of a Dataset whose rows are its cache files, with nothing applied "
            "after: pass those data files or that IterableDataset, or write the rows with "
            "datasets.Dataset.from_generator(...) / ds.save_to_disk(<dir>) and pass the directory")
-    require(type(ex).__name__ == "ArrowExamplesIterable" and bool(files), SourceError,
+    require(arrow and bool(files), SourceError,
             f"the IterableDataset is built on {type(ex).__name__} (a generator, or a map / filter / shuffle / take / "
             f"skip), whose rows this loader cannot re-read by position; {fix}")
-    require(getattr(ds, "_distributed", None) is None, SourceError,
+    require(_node_split(ds) is None, SourceError,
             "the IterableDataset was split with split_dataset_by_node; pass the unsplit one: StreamingDataset deals "
             "lanes to ranks itself (STREAM-10)")
     bad = [f for f in files if not (isinstance(f, str) and "://" not in f and os.path.isfile(f))]

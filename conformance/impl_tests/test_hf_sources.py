@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 
 import datasets
 import pyarrow as pa
@@ -297,3 +298,24 @@ def test_an_arrow_file_changed_between_checkpoint_and_resume_is_refused_naming_t
         _ds(str(saved)).load_state_dict(state)
     with pytest.raises(SourceError, match=rf"{name} changed since its unit index was built .*restore the file"):
         impl_rows(take(iter(ds), 1))
+
+
+@pytest.mark.parametrize("what, attribute", [("dataset", "_indices"), ("iterable", "_ex_iterable"),
+                                             ("iterable", "_distributed")])
+def test_a_datasets_version_without_an_internal_attribute_read_raises_datasets_version_error_naming_it(
+        tmp_path, what, attribute):
+    """Each private attribute read is one accessor: its absence is named with the version and the fix, never
+    taken for "not split" or surfaced as an AttributeError from inside the loader (STREAM-19)."""
+    from impl.errors import DatasetsVersionError
+
+    jsonl = _jsonl(tmp_path / "j", [["a", "b"]])
+    if what == "dataset":
+        datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(str(tmp_path / "saved"))
+        source = datasets.load_from_disk(str(tmp_path / "saved"))
+    else:
+        source = datasets.load_dataset("json", data_files=jsonl, split="train", streaming=True)
+    delattr(source, attribute)          # as a datasets release that renamed or dropped it
+    kind = "Dataset" if what == "dataset" else "IterableDataset"
+    with pytest.raises(DatasetsVersionError, match=rf"datasets {re.escape(datasets.__version__)} has no "
+                                                   rf"{kind}\.{attribute}, .*pass the data files themselves"):
+        _ds(source)

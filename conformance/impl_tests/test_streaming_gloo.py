@@ -17,10 +17,16 @@ state after the same steps; the samples trained across the runs equal the
 reference's (the same job simulated in-process), each ``(lane, index)`` and
 each token ``(doc_id, token_offset)`` exactly once; and what is not trained
 is only the tail of each lane that equal-step truncation drops (STREAM-12).
+
+The 2 → 4 and → 1 job runs twice: on the raw rows, and through a batched
+N → M map (Forgather's block tokenizer, ``stream_map_fns.block_tokenize``),
+whose checkpoints fall inside an input batch (STREAM-21), so there each
+block's tokens ``(doc_id, token_offset)`` are what is trained exactly once.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 from collections import Counter
@@ -32,6 +38,7 @@ import torch.distributed as dist
 
 from conformance.assertions import assert_equal, assert_exactly_once, check
 from conformance.distributed import Job, read_logs, run_job, state_hash
+from conformance.impl_tests.stream_map_fns import block_tokenize
 from conformance.impl_tests.streaming_corpus import impl_rows, ref_rows, take, tokenizer, write
 
 pytestmark = [pytest.mark.loadspec_gloo,
@@ -63,6 +70,11 @@ def rank_loader(job: Job) -> Any:
 
     ds = StreamingDataset(job.params["files"], tokenizer=job.params["tokenizer"], index_dir=job.params["index_dir"],
                           **OPTIONS)
+    fmap = job.params.get("map")
+    if fmap is not None:            # a BatchedMap's fields, its module-level function named "module:function"
+        module, _, name = fmap["function"].partition(":")
+        ds = ds.map(getattr(importlib.import_module(module), name), batched=True, batch_size=fmap["batch_size"],
+                    name=fmap["name"])
     return build_dataloader(ds, batch_size=job.batch_size, num_workers=job.num_workers)
 
 
@@ -88,20 +100,24 @@ def _logs(log_dir: Path, upto: int | None = None) -> tuple[list[tuple[Any, ...]]
 
 
 class Ref:
-    """The same job on ``reference.streaming``, in-process: the rows each topology trains and the states."""
+    """The same job on ``reference.streaming`` (``reference.stream_maps`` with a map), in-process: the rows each
+    topology trains and the states."""
 
-    def __init__(self, ref_files: list[Any], config: Any) -> None:
-        self.files, self.config = ref_files, config
+    def __init__(self, ref_files: list[Any], config: Any, fmap: Any = None) -> None:
+        self.files, self.config, self.fmap = ref_files, config, fmap
 
-    def run(self, world: int, steps: int | None, state: dict[str, Any] | None = None
+    def run(self, world: int, steps: int | None, state: dict[str, Any] | None = None, num_workers: int = 0
             ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+        from reference.stream_maps import MappedReferenceLoader
         from reference.streaming import StreamingReferenceLoader, merge_states
 
         _, tok, tok_id = tokenizer()
         rows, states = [], []
         for rank in range(world):
-            ref = StreamingReferenceLoader(self.files, self.config, tok, tokenizer_id=tok_id, world_size=world,
-                                           rank=rank, batch_size=BATCH)
+            common = {"tokenizer_id": tok_id, "world_size": world, "rank": rank, "batch_size": BATCH,
+                      "num_workers": num_workers}     # a worker's batches hold its own lanes (STREAM-11, 12)
+            ref = (StreamingReferenceLoader(self.files, self.config, tok, **common) if self.fmap is None else
+                   MappedReferenceLoader(self.files, self.config, tok, map=self.fmap, **common))
             if state is not None:
                 ref.load_state_dict(state)
             for batch in ref_rows(take(ref, steps) if steps is not None else list(ref)):
@@ -110,23 +126,43 @@ class Ref:
         return rows, merge_states(states)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict[str, Any]:
+def _corpus(root: Path, fmap: Any = None) -> dict[str, Any]:
+    """The files, the reference's whole one-rank epoch and every document id it could train (mapped by ``fmap``)."""
     from impl.streaming import StreamingDataset
 
-    root = tmp_path_factory.mktemp("stream-gloo")
     names, ref_files = write(root / "data", _specs())
     path = str(tokenizer()[0])
     ds = StreamingDataset(names, tokenizer=path, index_dir=str(root / "index"), **OPTIONS)
-    ref = Ref(ref_files, ds.config)
+    ref = Ref(ref_files, ds.config, fmap)
     whole, _ = ref.run(1, None)      # one rank, batches of 2: every lane to its end (at most one sample left)
+    # A row's document id is its global row number; a map output's is (made + output) * N + lane (STREAM-20),
+    # so a mapped epoch's documents are those its samples hold (an output too short for a sample holds no token).
+    docs = (set(range(sum(len(g) for _, gs in _specs() for g in gs))) if fmap is None else
+            {d for r in whole for d in r[6] if d >= 0})
+    job_map = None if fmap is None else {"function": f"{fmap.function.__module__}:{fmap.function.__name__}",
+                                         "batch_size": fmap.batch_size, "name": fmap.name}
     return {"files": names, "tokenizer": path, "index_dir": str(root / "index"), "ref": ref, "whole": whole,
-            "rows": sum(len(g) for _, gs in _specs() for g in gs)}
+            "docs": docs, "map": job_map}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Any]:
+    return _corpus(tmp_path_factory.mktemp("stream-gloo"))
+
+
+@pytest.fixture(scope="module")
+def blocks_corpus(tmp_path_factory) -> dict[str, Any]:
+    """The corpus through Forgather's block tokenizer: batches of 3 texts, each ended by EOS, cut into blocks of 5."""
+    from reference.stream_maps import BatchedMap
+
+    fmap = BatchedMap(function=block_tokenize, batch_size=3, name="blocks-5-v1")
+    return _corpus(tmp_path_factory.mktemp("stream-gloo-blocks"), fmap)
 
 
 def _job(corpus: dict[str, Any], tmp: Path, name: str, **kw: Any) -> Job:
     return Job(build=f"{__name__}:rank_loader", record=f"{__name__}:rank_record", gather_state=True,
-               params={"files": corpus["files"], "tokenizer": corpus["tokenizer"], "index_dir": corpus["index_dir"]},
+               params={"files": corpus["files"], "tokenizer": corpus["tokenizer"], "index_dir": corpus["index_dir"],
+                       "map": corpus["map"]},
                batch_size=BATCH, log_dir=str(tmp / name), checkpoint=str(tmp / f"ckpt-{name}.json"), **kw)
 
 
@@ -151,8 +187,8 @@ def _check_trained(corpus: dict[str, Any], trained: list[tuple[Any, ...]], expec
     tail = [r for r in corpus["whole"] if (r[1], r[2]) not in {(t[1], t[2]) for t in trained}]
     check(all(r[2] >= last[r[1]] for r in tail), clause="STREAM-12",
           what=f"{what}: untrained samples {[(r[1], r[2]) for r in tail]} are not all lane tails")
-    missing = set(range(corpus["rows"])) - {d for d, _ in tokens}
-    dropped = {d for r in tail for d in r[6]} | (set(range(corpus["rows"])) - {d for r in corpus["whole"] for d in r[6]})
+    missing = corpus["docs"] - {d for d, _ in tokens}
+    dropped = {d for r in tail for d in r[6]} | (corpus["docs"] - {d for r in corpus["whole"] for d in r[6]})
     check(missing <= dropped, clause="STREAM-14",
           what=f"{what}: documents {sorted(missing - dropped)} never trained though no dropped sample holds them")
 
@@ -164,8 +200,8 @@ def _checkpoint(path: Path, shas: dict[int, dict[int, str]], step: int, world: i
     return saved
 
 
-@pytest.mark.clause("STREAM-14", "STREAM-15")
-def test_a_2_rank_checkpoint_resumes_on_4_ranks_and_on_1_training_every_sample_once_gloo(corpus, tmp_path):
+def _two_ranks_then_four_and_one(corpus: dict[str, Any], tmp_path: Path) -> None:
+    """2 ranks for 3 steps (checkpoint at each), then resumed on 4 ranks and on 1 with 2 workers."""
     codes = _launch(_job(corpus, tmp_path, "two", stop_at=3), 2, tmp_path)
     assert codes == [0, 0], f"2-rank run: exit codes {codes}"
     first, shas = _logs(tmp_path / "two")
@@ -181,8 +217,19 @@ def test_a_2_rank_checkpoint_resumes_on_4_ranks_and_on_1_training_every_sample_o
                              num_workers=workers, checkpoint_every=1000), world, tmp_path)
         assert codes == [0] * world, f"resume on {world} ranks: exit codes {codes}"
         rest, _ = _logs(tmp_path / name)
-        ref_rest, _ = ref.run(world, None, saved["state"])
+        ref_rest, _ = ref.run(world, None, saved["state"], workers)
         _check_trained(corpus, first + rest, ref_first + ref_rest, f"2 ranks for 3 steps, then {world}")
+
+
+@pytest.mark.clause("STREAM-14", "STREAM-15")
+def test_a_2_rank_checkpoint_resumes_on_4_ranks_and_on_1_training_every_sample_once_gloo(corpus, tmp_path):
+    _two_ranks_then_four_and_one(corpus, tmp_path)
+
+
+@pytest.mark.clause("STREAM-14", "STREAM-21")
+def test_a_2_rank_checkpoint_of_a_block_tokenized_stream_resumes_on_4_ranks_and_on_1_training_every_block_once_gloo(
+        blocks_corpus, tmp_path):
+    _two_ranks_then_four_and_one(blocks_corpus, tmp_path)
 
 
 @pytest.mark.clause("STREAM-14", "STREAM-15")

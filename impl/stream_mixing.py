@@ -56,7 +56,7 @@ from impl.stream_lanes import (
     remaining_samples,
     schedule,
 )
-from impl.streaming import StreamingDataset, merge_states
+from impl.streaming import StreamingDataset
 from reference.stream_mixing import (
     STATE_FORMAT,
     STATE_KEYS,
@@ -405,13 +405,7 @@ class StreamMixture(LaneBatches):
         mine = sorted(lane for lanes in self.worker_lanes(self.num_workers) for lane in lanes)
         state = {"format": STATE_FORMAT, "version": STATE_VERSION, "parts": self.parts, "epoch": self.epoch,
                  "lanes": {str(lane): self._lane_json(lane, self.lanes[lane]) for lane in mine}}
-        import torch.distributed as dist
-
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, state)
-            return merge_states(gathered)
-        return state
+        return self.gathered(state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a global state; refuse one of another mixture, naming each part that differs (MIX-24)."""

@@ -544,13 +544,7 @@ class StreamingDataset(LaneBatches):
                      lanes[lane], self.windows(epoch, lane), self._starts, self.config.unit_window)
                      for lane in mine},
                  **steps_fields((W, self.num_workers, self.batch_size), self.rank, epoch, total, taken)}
-        import torch.distributed as dist
-
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, state)
-            return merge_states(gathered)
-        return state
+        return self.gathered(state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a global state; refuse one that does not fit, naming what differs (STREAM-15, STREAM-21)."""

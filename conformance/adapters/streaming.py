@@ -204,7 +204,7 @@ class StreamingAdapter:
         self._last: tuple[tuple[Any, ...], _Group] | None = None
 
     def epoch_coverage(self, corpus: Corpus, config: PipelineConfig, topology: Topology,
-                       state: Mapping[str, Any] | None = None) -> EpochCoverage:
+                       state: Mapping[str, Any] | None = None) -> EpochCoverage | None:
         """The exact account under STREAM-12 of epoch 0, or of the rest of ``state``'s epoch, on ``topology`` (STREAM-22).
 
         From ``reference.streaming`` over the same jsonl bytes (the
@@ -229,7 +229,10 @@ class StreamingAdapter:
                                        tokenizer_id=str(state["tokenizer"]) if state else "decimal",
                                        world_size=W, num_workers=topology.num_workers, batch_size=B)
         if state is not None:   # impl's index names its files by path and mtime: the lanes are what it positions
-            ref.load_state_dict(dict(state, index=ref.index.fingerprint))
+            try:
+                ref.load_state_dict(dict(state, index=ref.index.fingerprint))
+            except StateError:  # lanes straddling two epochs on another topology: the loader refuses it too
+                return None
         ahead = set() if ref._next is None else set(ref._next[0])     # lanes already in the next epoch (STREAM-22)
         remaining = {lane: 0 if lane in ahead else lane_remaining(ref._census, ref.epoch, lane, s)
                      for lane, s in ref.lanes.items()}

@@ -75,3 +75,25 @@ def test_lanes_straddling_two_epochs_are_refused_on_another_topology_as_the_refe
         with pytest.raises(StateError) as expected:
             ref.load_state_dict(merged)
         assert str(raised.value) == str(expected.value)
+
+
+@pytest.mark.clause("STREAM-22")
+@given(specs=file_specs(), cfg=configs(), data=st.data())
+def test_a_state_loaded_before_the_loader_sets_the_batch_size_resumes_to_the_epochs_steps_on_that_topology(
+        tmp_path, specs, cfg, data):
+    from impl.loader import build_dataloader
+
+    names, ref_files = write(tmp_path / f"c{next(_counter)}", specs)
+    cfg = dict(cfg, num_lanes=4, world_size=2, batch_size=2)
+    ds, _ = _pair(names, ref_files, cfg, rank=0)
+    whole = impl_rows(ds)
+    k = data.draw(st.integers(0, max(0, len(whole) - 1)))
+    pairs = [_pair(names, ref_files, cfg, rank=r) for r in range(2)]
+    _got, taken = _skewed([ds for ds, _ in pairs], impl_rows, k, 1, False)
+    merged = merge_states([ds.state_dict() for ds, _ in pairs])
+    if merged["ranks"]["1"]["epoch"] != merged["epoch"]:
+        return      # a straddling state is refused at a load on another batch size (the loader's is set first)
+    early, _ = _pair(names, ref_files, cfg, rank=0, batch_size=1)
+    early.load_state_dict(merged)           # batch size 1 here: another topology, S recomputed ...
+    loader = build_dataloader(early, batch_size=2, rank=0, world_size=2)     # ... until the loader's is set
+    assert impl_rows(loader) == whole[taken[0]:]

@@ -32,6 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from impl.errors import StateError, TopologyError, is_int, require
 from impl.rng import FeistelPermutation, Stream, below, derive_key, subkey
+from impl.stream_steps import merge_states
 from impl.units import UnitIndex
 from reference.packing import IGNORE, PackingConfig
 from reference.streaming import StreamingConfig
@@ -333,7 +334,27 @@ class LaneBatches(IterableDataset[dict[str, Any]]):
     """
 
     epoch: int
+    world_size: int
     _markers: bool      # set by impl.stream_loader: its workers end their pass with a marker
+
+    @staticmethod
+    def merge(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The merge hook of :meth:`gathered`: how per-rank states unite (STREAM-14, STREAM-22)."""
+        return merge_states(states)
+
+    def gathered(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (this rank's lanes), or with a process group every rank's merged: a collective (STREAM-14).
+
+        Every rank must call it at the same step of its loop, as any
+        collective; each gets the same global state.
+        """
+        import torch.distributed as dist
+
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            states: list[Any] = [None] * self.world_size
+            dist.all_gather_object(states, state)
+            return self.merge(states)
+        return state
 
     def _batches(self, num_workers: int, worker: int, *, markers: bool) -> Iterator[dict[str, Any]]:
         raise NotImplementedError

@@ -56,11 +56,13 @@ from impl.stream_lanes import (
     remaining_samples,
     schedule,
 )
-from impl.streaming import StreamingDataset, merge_states
+from impl.stream_steps import resumed_steps, steps_fields
+from impl.streaming import StreamingDataset
 from reference.stream_mixing import (
     STATE_FORMAT,
     STATE_KEYS,
     STATE_VERSION,
+    V1_KEYS,
     StreamMixConfig,
     mismatches,
     planned_options_refused,
@@ -222,6 +224,12 @@ class StreamMixture(LaneBatches):
         self.rank, self.world_size = distributed_topology(rank, world_size)
         self.set_topology(self.rank, self.world_size, num_workers)
         self.lanes: dict[int, MixSnapshot] = {lane: self._fresh() for lane in range(self.num_lanes)}
+        #: S of this epoch once fixed, the steps this rank took of it, and a straddling state's epoch + 1 (STREAM-22).
+        self._total: int | None = None
+        self._taken = 0
+        self._next: tuple[dict[int, Any], int | None, int] | None = None
+        self._loaded: tuple[Mapping[str, Any], dict[int, Any]] | None = None     # re-resolved by set_topology
+        self._pass_total: int | None = None     # S of the pass this process runs, sent with its batches
         self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
 
     @classmethod
@@ -250,6 +258,9 @@ class StreamMixture(LaneBatches):
         require(is_int(num_workers) and num_workers >= 0, ConfigError, f"num_workers={num_workers!r} must be >= 0")
         participant_lanes(self.num_lanes, world_size, num_workers, rank, 0)
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        loaded = getattr(self, "_loaded", None)
+        if loaded is not None:     # a state loaded before: resumed on this topology (STREAM-22)
+            self._resume(*loaded)
 
     def worker_lanes(self, num_workers: int) -> list[list[int]]:
         return [participant_lanes(self.num_lanes, self.world_size, num_workers, self.rank, k)
@@ -263,7 +274,12 @@ class StreamMixture(LaneBatches):
         """Start ``epoch`` from its beginning unless the state already sits inside it (as RES-7)."""
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         if epoch != self.epoch:
+            ahead = self._next if epoch == self.epoch + 1 else None
             self.epoch, self.lanes = int(epoch), {lane: self._fresh() for lane in self.lanes}
+            self._total, self._taken, self._next, self._loaded = None, 0, None, None
+            if ahead is not None:      # lanes a straddling state had in this epoch already (STREAM-22)
+                self.lanes.update(ahead[0])
+                self._total, self._taken = ahead[1], ahead[2]
 
     def cursor(self, i: int, epoch: int, lane: int, snap: LaneSnapshot) -> LaneCursor:
         ds = self.sources[i]
@@ -273,15 +289,16 @@ class StreamMixture(LaneBatches):
     def _store_lane_size(self, i: int, epoch: int, lane: int) -> int:
         return max(0, -(-(int(self.sources[i].num_samples(epoch)) - lane) // self.num_lanes))
 
-    def _remaining(self, tokens: dict[int, Any]) -> dict[int, int]:
+    def _remaining(self, tokens: dict[int, Any], epoch: int | None = None,
+                   lanes: Mapping[int, MixSnapshot] | None = None) -> dict[int, int]:
         """Each lane's samples left (STREAM-12's census): every source's lane count, then MIX-23's draws over counts."""
-        epoch, out = self.epoch, {}
+        epoch, out = self.epoch if epoch is None else epoch, {}
         lengths = {}
         for i in (i for i, x in enumerate(self.is_stream) if x):
             p = self.sources[i].config.packing
             raw = self.sources[i].lengths(tokens[i])
             lengths[i] = np.where(raw < 0, 0, raw + int(p.add_bos) + int(p.add_eos))
-        for lane, (attempts, exhausted, _samples, positions) in self.lanes.items():
+        for lane, (attempts, exhausted, _samples, positions) in (self.lanes if lanes is None else lanes).items():
             left = []
             for i, p in enumerate(positions):
                 if self.is_stream[i]:
@@ -326,11 +343,10 @@ class StreamMixture(LaneBatches):
                     return
                 yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted({r[0] for r in rows}))
         remaining = self._remaining(tokens)
-        N, W = self.num_lanes, self.world_size
-        steps = min(sum(sum(remaining[lane] for lane in participant_lanes(N, W, num_workers, r, k)) // B
-                        for k in range(max(1, num_workers))) for r in range(W))
+        total = self._steps_of(remaining, num_workers) if self._total is None else self._total
+        self._pass_total = total     # S travels in the state: a rank that was ahead takes fewer (STREAM-22)
         samples = {lane: snap[2] for lane, snap in self.lanes.items()}
-        for k, picked in schedule(self.worker_lanes(num_workers), samples, remaining, steps, B):
+        for k, picked in schedule(self.worker_lanes(num_workers), samples, remaining, max(0, total - self._taken), B):
             if k == worker:
                 rows = []
                 for lane in picked:
@@ -340,9 +356,16 @@ class StreamMixture(LaneBatches):
                     rows.append((lane, index, *got))
                 yield rows, tuple((lane, cursors[lane].snapshot()) for lane in sorted(set(picked)))
 
+    def _steps_of(self, remaining: Mapping[int, int], num_workers: int) -> int:
+        """STREAM-12: the minimum over ranks of the sum over workers of full batches."""
+        N, W, B = self.num_lanes, self.world_size, self.batch_size
+        return min(sum(sum(remaining[lane] for lane in participant_lanes(N, W, num_workers, r, k)) // B
+                       for k in range(max(1, num_workers))) for r in range(W))
+
     def _batches(self, num_workers: int, worker: int, *, markers: bool) -> Iterator[dict[str, Any]]:
-        """Worker ``worker``'s batches of this pass, each tagged ``(epoch, worker, snapshots)``, then an end marker."""
+        """Worker ``worker``'s batches of this pass, each tagged ``(epoch, worker, snapshots, S)``, then an end marker."""
         tokens = {i: s.row_tokens() for i, s in enumerate(self.sources) if self.is_stream[i]}
+        self._pass_total = None
         for rows, snaps in self._rows(num_workers, worker, tokens):
             batch: dict[str, Any] = {name: torch.from_numpy(np.stack([np.asarray(r[4][name], np.int64) for r in rows]))
                                      for name in BATCH_FIELDS}
@@ -351,26 +374,29 @@ class StreamMixture(LaneBatches):
                 batch[name] = torch.tensor([r[j] for r in rows], dtype=torch.int64)
             cu, max_seqlen = batch_cu_seqlens(batch["position_ids"].numpy(), batch["doc_ids"].numpy())
             batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(cu), max_seqlen
-            batch[STATE_KEY] = (self.epoch, worker, snaps)
+            batch[STATE_KEY] = (self.epoch, worker, snaps, self._pass_total)
             yield batch
         if markers:
-            yield {STATE_KEY: (self.epoch, worker, None)}
+            yield {STATE_KEY: (self.epoch, worker, None, self._pass_total)}
 
     def apply(self, meta: Any) -> None:
-        """Record a handed-out batch: its lanes' snapshots become the state (MIX-24)."""
-        epoch, _worker, snaps = meta
+        """Record a handed-out batch: its lanes' snapshots become the state (MIX-24), one more step of S (STREAM-22)."""
+        epoch, _worker, snaps, total = meta
         if epoch == self.epoch and snaps is not None:
             for lane, snap in snaps:
                 self.lanes[lane] = snap
+            self._taken, self._loaded = self._taken + 1, None
+            if self._total is None:
+                self._total = total
 
     # ------------------------------------------------------------ state
 
-    def _lane_json(self, lane: int, snap: MixSnapshot) -> dict[str, Any]:
+    def _lane_json(self, lane: int, snap: MixSnapshot, epoch: int) -> dict[str, Any]:
         attempts, exhausted, samples, positions = snap
         sources = []
         for i, p in enumerate(positions):
             if self.is_stream[i]:
-                sources.append(self.sources[i].lane_entry(self.epoch, lane, p))
+                sources.append(self.sources[i].lane_entry(epoch, lane, p))
             else:
                 sources.append(p)
         return {"attempts": attempts, "exhausted": list(exhausted), "samples": samples, "sources": sources}
@@ -403,24 +429,33 @@ class StreamMixture(LaneBatches):
     def state_dict(self) -> dict[str, Any]:
         """The state (MIX-24): this rank's lanes, or every lane when a process group gathers them (STREAM-14)."""
         mine = sorted(lane for lanes in self.worker_lanes(self.num_workers) for lane in lanes)
-        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "parts": self.parts, "epoch": self.epoch,
-                 "lanes": {str(lane): self._lane_json(lane, self.lanes[lane]) for lane in mine}}
-        import torch.distributed as dist
-
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, state)
-            return merge_states(gathered)
-        return state
+        epoch, lanes, total, taken, W = self.epoch, self.lanes, self._total, self._taken, self.world_size
+        census = None
+        if self._next is not None and set(mine) <= set(self._next[0]):     # this rank is in the next epoch already
+            epoch, lanes = epoch + 1, {**{lane: self._fresh() for lane in self.lanes}, **self._next[0]}
+            total, taken = self._next[1], self._next[2]
+        if total is None and W > 1:     # S not fixed yet (no step taken): fixed now, from the lanes (STREAM-22)
+            tokens = {i: s.row_tokens() for i, s in enumerate(self.sources) if self.is_stream[i]}
+            census = total = self._steps_of(self._remaining(tokens, epoch, lanes), self.num_workers)
+            if epoch == self.epoch:
+                self._total = census
+            elif self._next is not None:
+                self._next = (self._next[0], census, taken)
+        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "parts": self.parts, "epoch": epoch,
+                 "lanes": {str(lane): self._lane_json(lane, lanes[lane], epoch) for lane in mine},
+                 **steps_fields((W, self.num_workers, self.batch_size), self.rank, epoch, total, taken)}
+        return self.gathered(state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a global state; refuse one of another mixture, naming each part that differs (MIX-24)."""
         require(isinstance(state, Mapping) and state.get("format") == STATE_FORMAT, StateError,
                 f"not a stream mixture state (format {state.get('format') if isinstance(state, Mapping) else state!r});"
                 " pass the dict state_dict() or merge_states returned")
-        require(state.get("version") == STATE_VERSION and set(state) == STATE_KEYS, StateError,
-                f"state version {state.get('version')!r} with keys {sorted(state)} is not version {STATE_VERSION} "
-                f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
+        version = state.get("version")
+        require(version in (1, STATE_VERSION) and set(state) == (V1_KEYS if version == 1 else STATE_KEYS),
+                StateError, f"state version {version!r} with keys {sorted(state)} is not version {STATE_VERSION} with "
+                f"{sorted(STATE_KEYS)} (or 1 without 'topology' and 'ranks'); pass the dict state_dict() returned, "
+                "unchanged")
         differs = mismatches(state["parts"], self.parts)
         require(not differs, StateError, "the checkpoint differs from this mixture in " + "; ".join(differs) +
                 ": resume with the sources, weights and options it was taken with, or start from a fresh state")
@@ -431,8 +466,25 @@ class StreamMixture(LaneBatches):
                 f"state holds lanes {sorted(lanes) if isinstance(lanes, Mapping) else lanes!r} of {self.num_lanes}: "
                 "a rank's state holds its own lanes; combine every rank's state_dict() with merge_states and load "
                 "the result")
-        loaded = {int(k): self._lane_from_json(int(k), epoch, v) for k, v in lanes.items()}
-        self.epoch, self.lanes = int(epoch), loaded
+        header = {"epoch": int(epoch)} if version == 1 else {k: state[k] for k in ("epoch", "topology", "ranks")}
+        lane_epochs = self._resume(header, None)
+        self._resume(header, {int(k): self._lane_from_json(int(k), lane_epochs[int(k)], v) for k, v in lanes.items()})
+
+    def _resume(self, header: Mapping[str, Any], lanes: dict[int, Any] | None) -> dict[int, int]:
+        """This rank's steps of a loaded state on the current topology, its lanes by epoch; each lane's epoch (STREAM-22)."""
+        epoch, N = header["epoch"], self.num_lanes
+        if "ranks" in header:
+            total, taken, nxt, lane_epochs = resumed_steps(header, num_lanes=N, rank=self.rank,
+                                                           topology=(self.world_size, self.num_workers, self.batch_size))
+        else:       # version 1: S is recomputed from the lane states, as STREAM-12 alone says
+            total, taken, nxt, lane_epochs = None, 0, None, dict.fromkeys(range(N), epoch)
+        if lanes is not None:
+            self._loaded = (header, lanes)
+            self.epoch, self._total, self._taken = epoch, total, taken
+            self.lanes = {lane: snap if lane_epochs[lane] == epoch else self._fresh() for lane, snap in lanes.items()}
+            self._next = None if nxt is None else (
+                {lane: snap for lane, snap in lanes.items() if lane_epochs[lane] != epoch}, nxt[0], nxt[1])
+        return lane_epochs
 
     def __repr__(self) -> str:
         return (f"StreamMixture({len(self.sources)} sources, weights={self.config.weights}, "

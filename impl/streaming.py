@@ -87,11 +87,12 @@ from impl.stream_maps import (
     unmap_state,
     with_map,
 )
+from impl.stream_steps import merge_states, resumed_steps, steps_fields
 from impl.stream_tokens import RowTokens, resolve_once
 from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, split_urls
 from reference.packing import PackingConfig
 from reference.stream_maps import BatchedMap
-from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, StreamingConfig
+from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, V1_KEYS, StreamingConfig
 
 __all__ = ["STATE_KEY", "SkippedRowsWarning", "StreamingDataset", "merge_states", "valid_world_sizes"]
 
@@ -203,6 +204,12 @@ class StreamingDataset(LaneBatches):
         self.epoch = int(epoch)
         #: A LaneSnapshot per lane, or a MapSnapshot (``impl.stream_maps``) when mapped; samples at [6] either way.
         self.lanes: dict[int, Any] = {lane: FRESH for lane in range(num_lanes)}
+        #: S of this epoch once fixed, the steps this rank took of it, and a straddling state's epoch + 1 (STREAM-22).
+        self._total: int | None = None
+        self._taken = 0
+        self._next: tuple[dict[int, Any], int | None, int] | None = None
+        self._loaded: tuple[Mapping[str, Any], dict[int, Any]] | None = None     # re-resolved by set_topology
+        self._pass_total: int | None = None     # S of the pass this process runs, sent with its batches
         self.batched_map: BatchedMap | None = None     # set by map() (STREAM-20)
         self._lengths: np.ndarray | None = None
         self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
@@ -252,6 +259,9 @@ class StreamingDataset(LaneBatches):
         require(is_int(num_workers) and num_workers >= 0, ConfigError, f"num_workers={num_workers!r} must be >= 0")
         participant_lanes(self.config.num_lanes, world_size, num_workers, rank, 0)
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        loaded = getattr(self, "_loaded", None)
+        if loaded is not None:     # a state loaded before: resumed on this topology (STREAM-22)
+            self._resume(*loaded)
 
     def row_tokens(self) -> RowTokens:
         """A fresh cache of prepared token arrays by global row number (``LaneCursor.next_sample``'s ``tokens``)."""
@@ -294,7 +304,12 @@ class StreamingDataset(LaneBatches):
         """Start ``epoch`` from its beginning unless the state already sits inside it (as RES-7)."""
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be an integer >= 0")
         if epoch != self.epoch:
+            ahead = self._next if epoch == self.epoch + 1 else None
             self.epoch, self.lanes = int(epoch), {lane: self._fresh() for lane in self.lanes}
+            self._total, self._taken, self._next, self._loaded = None, 0, None, None
+            if ahead is not None:      # lanes a straddling state had in this epoch already (STREAM-22)
+                self.lanes.update(ahead[0])
+                self._total, self._taken = ahead[1], ahead[2]
 
     def _fresh(self) -> Any:
         return FRESH if self.batched_map is None else MAP_FRESH
@@ -323,12 +338,13 @@ class StreamingDataset(LaneBatches):
             check_picklable(self.batched_map)
         return dict(self.__dict__)
 
-    def _cursor(self, epoch: int, lane: int, *, census: bool = False) -> Any:
-        """Lane ``lane``'s cursor from its state: a ``LaneCursor``, or a ``MapCursor`` when mapped."""
+    def _cursor(self, epoch: int, lane: int, *, census: bool = False, snap: Any = None) -> Any:
+        """Lane ``lane``'s cursor from its state (or ``snap``): a ``LaneCursor``, or a ``MapCursor`` when mapped."""
         rows, key = lane_rows(self.windows(epoch, lane)), buffer_key(self.config, epoch, lane)
+        snap = self.lanes[lane] if snap is None else snap
         if self.batched_map is None:
-            return LaneCursor(rows, key, self.config.shuffle_buffer_size, self.lanes[lane])
-        return MapCursor(rows, key, self.config.shuffle_buffer_size, self.lanes[lane], lane=lane,
+            return LaneCursor(rows, key, self.config.shuffle_buffer_size, snap)
+        return MapCursor(rows, key, self.config.shuffle_buffer_size, snap, lane=lane,
                          num_lanes=self.config.num_lanes, fmap=self.batched_map, text_field=self.config.text_field,
                          starts=self._starts, census=census)
 
@@ -370,23 +386,40 @@ class StreamingDataset(LaneBatches):
             atomic_write_bytes(path, buf.getvalue())
         return self._lengths
 
-    def _plan(self, tokens: RowTokens, num_workers: int) -> tuple[int, dict[int, Any], list[tuple[int, list[int]]]]:
-        """This pass's steps (STREAM-12), a cursor per lane and the rank's schedule of batches (STREAM-11)."""
-        epoch, p = self.epoch, self.config.packing
-        cursors = {lane: self._cursor(epoch, lane) for lane in self.lanes}
+    def _remaining(self, tokens: RowTokens, epoch: int, lanes: Mapping[int, Any]) -> dict[int, int]:
+        """Every lane's samples left from ``lanes`` (the census of STREAM-12)."""
+        p = self.config.packing
         if self.batched_map is None:
             extra = int(p.add_bos) + int(p.add_eos)
             raw = self.lengths(tokens)
             lengths = np.where(raw < 0, 0, raw + extra)     # -1: a skipped row, dropped (STREAM-17)
-            remaining = {lane: remaining_samples(c, lambda g: int(lengths[g]), p) for lane, c in cursors.items()}
-        else:      # a map's outputs are known only by mapping: the census maps every lane's rest once per pass
-            remaining = {lane: count_samples(self._cursor(epoch, lane, census=True), tokens, p) for lane in self.lanes}
+            return {lane: remaining_samples(self._cursor(epoch, lane, snap=snap), lambda g: int(lengths[g]), p)
+                    for lane, snap in lanes.items()}
+        # a map's outputs are known only by mapping: the census maps every lane's rest once per pass
+        return {lane: count_samples(self._cursor(epoch, lane, census=True, snap=snap), tokens, p)
+                for lane, snap in lanes.items()}
+
+    def _steps_of(self, remaining: Mapping[int, int], num_workers: int) -> int:
+        """STREAM-12: the minimum over ranks of the sum over workers of full batches."""
         B, N, W = self.batch_size, self.config.num_lanes, self.world_size
-        steps = min(sum(sum(remaining[lane] for lane in lanes) // B
-                        for lanes in (participant_lanes(N, W, num_workers, r, k) for k in range(max(1, num_workers))))
-                    for r in range(W))
+        return min(sum(sum(remaining[lane] for lane in lanes) // B
+                       for lanes in (participant_lanes(N, W, num_workers, r, k) for k in range(max(1, num_workers))))
+                   for r in range(W))
+
+    def _plan(self, tokens: RowTokens, num_workers: int) -> tuple[int, dict[int, Any], list[tuple[int, list[int]]]]:
+        """This pass's S (STREAM-12, fixed once per epoch, STREAM-22), a cursor per lane and the rank's schedule.
+
+        The rank runs ``S - taken`` steps: S travels in the state, so a rank
+        that was a batch ahead at a checkpoint takes one step fewer.
+        """
+        epoch = self.epoch
+        cursors = {lane: self._cursor(epoch, lane) for lane in self.lanes}
+        remaining = self._remaining(tokens, epoch, self.lanes)
+        total = self._steps_of(remaining, num_workers) if self._total is None else self._total
         samples = {lane: snap[6] for lane, snap in self.lanes.items()}
-        return steps, cursors, schedule(self.worker_lanes(num_workers), samples, remaining, steps, B)
+        plan = schedule(self.worker_lanes(num_workers), samples, remaining, max(0, total - self._taken),
+                        self.batch_size)
+        return total, cursors, plan
 
     # ------------------------------------------------------------ iteration
 
@@ -419,8 +452,8 @@ class StreamingDataset(LaneBatches):
 
     def _scheduled(self, tokens: RowTokens, num_workers: int,
                    worker: int) -> Iterator[_Batch]:
-        """Several ranks: the worker's batches among the census's equal steps (STREAM-11, STREAM-12)."""
-        _steps, cursors, plan = self._plan(tokens, num_workers)
+        """Several ranks: the worker's batches among the census's equal steps (STREAM-11, STREAM-12, STREAM-22)."""
+        self._pass_total, cursors, plan = self._plan(tokens, num_workers)
         for k, lanes in plan:
             if k == worker:
                 rows = []
@@ -434,11 +467,13 @@ class StreamingDataset(LaneBatches):
     def _batches(self, num_workers: int, worker: int, *, markers: bool) -> Iterator[dict[str, Any]]:
         """Worker ``worker``'s batches of this pass, each tagged with its lanes' snapshots, then an end marker.
 
-        ``batch[STATE_KEY]`` is ``(epoch, worker, snapshots)``; the marker is a
-        dict holding only ``(epoch, worker, None)``, sent only to a loader that
-        asked for it (``impl.stream_loader``), never to torch's own DataLoader.
+        ``batch[STATE_KEY]`` is ``(epoch, worker, snapshots, S)`` (S: the
+        epoch's steps with several ranks, STREAM-22, else None); the marker
+        is a dict holding only ``(epoch, worker, None, S)``, sent only to a
+        loader that asked for it (``impl.stream_loader``), never to torch's own DataLoader.
         """
         tokens = self.row_tokens()
+        self._pass_total = None
         lanes = self.worker_lanes(num_workers)[worker]
         source = (self._lazy(tokens, lanes) if self.world_size == 1 else
                   self._scheduled(tokens, num_workers, worker))
@@ -451,12 +486,12 @@ class StreamingDataset(LaneBatches):
             batch["sample_index"] = torch.tensor([i for _, i, _ in rows], dtype=torch.int64)
             cu, max_seqlen = batch_cu_seqlens(batch["position_ids"].numpy(), batch["doc_ids"].numpy())
             batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(cu), max_seqlen
-            batch[STATE_KEY] = (self.epoch, worker, snaps)
+            batch[STATE_KEY] = (self.epoch, worker, snaps, self._pass_total)
             if markers:
                 self._send_skipped(batch, sent)
             yield batch
         if markers:
-            yield self._send_skipped({STATE_KEY: (self.epoch, worker, None)}, sent)
+            yield self._send_skipped({STATE_KEY: (self.epoch, worker, None, self._pass_total)}, sent)
 
     def _send_skipped(self, batch: dict[str, Any], sent: set[int]) -> dict[str, Any]:
         """Put the units with skipped lines this process found since the last batch under ``SKIPPED_KEY``.
@@ -472,11 +507,14 @@ class StreamingDataset(LaneBatches):
         return batch
 
     def apply(self, meta: Any) -> None:
-        """Record a handed-out batch: its lanes' snapshots become the state (STREAM-13)."""
-        epoch, _worker, snaps = meta
+        """Record a handed-out batch: its lanes' snapshots become the state (STREAM-13), one more step of S (STREAM-22)."""
+        epoch, _worker, snaps, total = meta
         if epoch == self.epoch and snaps is not None:
             for lane, snap in snaps:
                 self.lanes[lane] = snap
+            self._taken, self._loaded = self._taken + 1, None
+            if self._total is None:
+                self._total = total
 
     # ------------------------------------------------------------ state
 
@@ -484,19 +522,29 @@ class StreamingDataset(LaneBatches):
         return sorted(lane for lanes in self.worker_lanes(self.num_workers) for lane in lanes)
 
     def state_dict(self) -> dict[str, Any]:
-        """The state (STREAM-13): this rank's lanes, or every lane when a process group gathers them (STREAM-14)."""
-        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "index": self.index.fingerprint,
-                 "tokenizer": self.tokenizer_id, "options": self._options(), "epoch": self.epoch,
-                 "lanes": {str(lane): (lane_json if self.batched_map is None else map_lane_json)(
-                     self.lanes[lane], self.windows(self.epoch, lane), self._starts, self.config.unit_window)
-                     for lane in self._my_lanes()}}
-        import torch.distributed as dist
+        """The state (STREAM-13): this rank's lanes, or every lane when a process group gathers them (STREAM-14).
 
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, state)
-            return merge_states(gathered)
-        return state
+        With the epoch's S and this rank's steps taken (STREAM-22); with
+        several ranks an S not yet fixed (no step taken) is fixed now, from
+        the lane states where the epoch starts.
+        """
+        mine, W = self._my_lanes(), self.world_size
+        epoch, lanes, total, taken = self.epoch, self.lanes, self._total, self._taken
+        if self._next is not None and set(mine) <= set(self._next[0]):     # this rank is in the next epoch already
+            epoch, lanes = epoch + 1, {**{lane: self._fresh() for lane in self.lanes}, **self._next[0]}
+            total, taken = self._next[1], self._next[2]
+            if total is None and W > 1:
+                total = self._steps_of(self._remaining(self.row_tokens(), epoch, lanes), self.num_workers)
+                self._next = (self._next[0], total, taken)
+        elif total is None and W > 1:
+            total = self._total = self._steps_of(self._remaining(self.row_tokens(), epoch, lanes), self.num_workers)
+        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "index": self.index.fingerprint,
+                 "tokenizer": self.tokenizer_id, "options": self._options(), "epoch": epoch,
+                 "lanes": {str(lane): (lane_json if self.batched_map is None else map_lane_json)(
+                     lanes[lane], self.windows(epoch, lane), self._starts, self.config.unit_window)
+                     for lane in mine},
+                 **steps_fields((W, self.num_workers, self.batch_size), self.rank, epoch, total, taken)}
+        return self.gathered(state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a global state; refuse one that does not fit, naming what differs (STREAM-15, STREAM-21)."""
@@ -506,9 +554,11 @@ class StreamingDataset(LaneBatches):
         outputs = None
         if self.batched_map is not None:     # checked, and read as STREAM-13's state plus (output, made) per lane
             state, outputs = unmap_state(state, self.batched_map)
-        require(state.get("version") == STATE_VERSION and set(state) == STATE_KEYS, StateError,
-                f"state version {state.get('version')!r} with keys {sorted(state)} is not version {STATE_VERSION} "
-                f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
+        version = state.get("version")
+        require(version in (1, STATE_VERSION) and set(state) == (V1_KEYS if version == 1 else STATE_KEYS),
+                StateError, f"state version {version!r} with keys {sorted(state)} is not version {STATE_VERSION} with "
+                f"{sorted(STATE_KEYS)} (or 1 without 'topology' and 'ranks'); pass the dict state_dict() returned, "
+                "unchanged")
         differs = []
         if state["index"] != self.index.fingerprint:
             differs.append(describe_change(self.index_dir, state["index"], self.index))
@@ -529,41 +579,37 @@ class StreamingDataset(LaneBatches):
                 f"state holds lanes {sorted(lanes) if isinstance(lanes, Mapping) else lanes!r} of "
                 f"{self.config.num_lanes}: a rank's state holds its own lanes; combine every rank's state_dict() "
                 "with merge_states and load the result")
+        header = {"epoch": int(epoch)} if version == 1 else {k: state[k] for k in ("epoch", "topology", "ranks")}
+        lane_epochs = self._resume(header, None)
         loaded = {}
         for key, value in lanes.items():
             lane = int(key)
-            windows = self.windows(epoch, lane)
-            loaded[lane] = snapshot_from_json(value, lane, epoch, windows, self._starts, self._counts,
+            windows = self.windows(lane_epochs[lane], lane)
+            loaded[lane] = snapshot_from_json(value, lane, lane_epochs[lane], windows, self._starts, self._counts,
                                               self.config.unit_window, lane_rows(windows))
-        self.epoch, self.lanes = int(epoch), (loaded if outputs is None else map_snapshots(loaded, outputs))
+        self._resume(header, loaded if outputs is None else map_snapshots(loaded, outputs))
+
+    def _resume(self, header: Mapping[str, Any], lanes: dict[int, Any] | None) -> dict[int, int]:
+        """This rank's steps of a loaded state on the current topology, its lanes by epoch; each lane's epoch (STREAM-22).
+
+        Without ``lanes`` only checks the steps (a refusal raises) and returns the lane epochs.
+        """
+        epoch, N = header["epoch"], self.config.num_lanes
+        if "ranks" in header:
+            total, taken, nxt, lane_epochs = resumed_steps(header, num_lanes=N, rank=self.rank,
+                                                           topology=(self.world_size, self.num_workers, self.batch_size))
+        else:       # version 1: S is recomputed from the lane states, as STREAM-12 alone says
+            total, taken, nxt, lane_epochs = None, 0, None, dict.fromkeys(range(N), epoch)
+        if lanes is not None:
+            self._loaded = (header, lanes)
+            self.epoch, self._total, self._taken = epoch, total, taken
+            self.lanes = {lane: snap if lane_epochs[lane] == epoch else self._fresh() for lane, snap in lanes.items()}
+            self._next = None if nxt is None else (
+                {lane: snap for lane, snap in lanes.items() if lane_epochs[lane] != epoch}, nxt[0], nxt[1])
+        return lane_epochs
 
     def __repr__(self) -> str:
         mapped = "" if self.batched_map is None else f", map={self.batched_map.identity!r}"
         return (f"StreamingDataset({len(self.index.files)} files, {len(self.index.units)} units, "
                 f"seq_len={self.config.packing.seq_len}, num_lanes={self.config.num_lanes}{mapped}, epoch={self.epoch})")
-
-
-def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One global state from the per-rank states of one step: every field equal, the lanes united (STREAM-14).
-
-    >>> a = {"format": STATE_FORMAT, "epoch": 0, "lanes": {"0": {"samples": 1}}}
-    >>> merge_states([a, dict(a, lanes={"1": {"samples": 2}})])["lanes"]
-    {'0': {'samples': 1}, '1': {'samples': 2}}
-    """
-    require(isinstance(states, Sequence) and len(states) >= 1, StateError,
-            "merge_states needs at least one state; pass every rank's state_dict()")
-    first = states[0]
-    lanes: dict[str, Any] = {}
-    for i, state in enumerate(states):
-        require(isinstance(state, Mapping) and isinstance(state.get("lanes"), Mapping), StateError,
-                f"state {i} is not a streaming state with lanes; pass every rank's state_dict() unchanged")
-        for key in sorted(set(first) | set(state)):
-            require(key == "lanes" or state.get(key) == first.get(key), StateError,
-                    f"state {i} differs from state 0 in {key}: merge the states the ranks saved at the same step "
-                    "of the same run")
-        for lane, value in state["lanes"].items():
-            require(lane not in lanes, StateError, f"lane {lane} appears in two states: pass each rank's state once, "
-                    "from one run")
-            lanes[lane] = value
-    return dict(first, lanes=dict(sorted(lanes.items(), key=lambda kv: int(kv[0]))))
 

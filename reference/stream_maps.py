@@ -55,7 +55,6 @@ from reference.streaming import (
     _lane_from_json,
     _lane_json,
     buffer_step,
-    epoch_steps,
     next_lane,
 )
 from reference.units import SourceFile, read_unit
@@ -325,47 +324,46 @@ class MappedReferenceLoader(StreamingReferenceLoader):
         self.map_reader = MapReader(files, self.index, config, tokenizer, map)
         self.reader = self.map_reader
         self._map_census = MapReader(files, self.index, config, tokenizer, map)
-        self.map_lanes = {lane: MapLaneState() for lane in self.lanes}
+        self.lanes = self._fresh()      # MapLaneState per lane
 
-    def set_epoch(self, epoch: int) -> None:
-        require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be >= 0")
-        if epoch != self.epoch:
-            self.epoch, self._steps = epoch, None
-            self.map_lanes = {lane: MapLaneState() for lane in self.map_lanes}
+    def _fresh(self) -> dict[int, Any]:
+        return {lane: MapLaneState() for lane in self.lanes}
 
-    def _remaining(self, epoch: int, lane: int, state: MapLaneState) -> int:
-        count = 0
-        while (step := map_lane_next(self._map_census, epoch, lane, state)) is not None:
-            count, state = count + 1, step[1]
-        return count
+    def _remaining(self, epoch: int, lanes: Mapping[int, Any]) -> dict[int, int]:
+        out = {}
+        for lane, state in lanes.items():
+            count = 0
+            while (step := map_lane_next(self._map_census, epoch, lane, state)) is not None:
+                count, state = count + 1, step[1]
+            out[lane] = count
+        return out
 
     def __iter__(self) -> Any:
-        epoch, lanes = self.epoch, self.map_lanes
-        remaining = {lane: self._remaining(epoch, lane, s) for lane, s in lanes.items()}
-        if self._steps is None:
-            self._steps = epoch_steps(remaining, self.config.num_lanes, self.world_size, self.num_workers,
-                                      self.batch_size)
-        while self._steps > 0:
+        epoch, lanes = self.epoch, self.lanes
+        remaining = self._remaining(epoch, lanes)
+        left = self._steps_left(remaining)
+        while left > 0:
             live = [w for w in self.workers if sum(remaining[lane] for lane in w) >= self.batch_size]
             worker = min(live, key=lambda w: (sum(lanes[lane].samples for lane in w), self.workers.index(w)))
             batch = []
             for _ in range(self.batch_size):
-                lane = next_lane(worker, lanes, remaining)  # type: ignore[arg-type]
+                lane = next_lane(worker, lanes, remaining)
                 step = map_lane_next(self.map_reader, epoch, lane, lanes[lane])
                 assert step is not None
                 batch.append(StreamRow(epoch, lane, lanes[lane].samples, step[0]))
                 lanes[lane], remaining[lane] = step[1], remaining[lane] - 1
-            self._steps -= 1
+            left, self._taken = left - 1, self._taken + 1
             yield batch
         self.set_epoch(epoch + 1)
 
     def state_dict(self) -> dict[str, Any]:
         """STREAM-13's state with the map in ``options`` and mapped lanes (STREAM-21)."""
         mine = sorted(lane for w in self.workers for lane in w)
+        epoch, lanes, steps = self._steps_record(mine)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "index": self.index.fingerprint,
                 "tokenizer": self.tokenizer_id, "options": dict(self.config.to_json(), map=self.map.to_json()),
-                "epoch": self.epoch, "lanes": {str(lane): map_lane_json(self.map_reader, self.epoch, lane,
-                                                                       self.map_lanes[lane]) for lane in mine}}
+                "epoch": epoch, "lanes": {str(lane): map_lane_json(self.map_reader, epoch, lane, lanes[lane])
+                                          for lane in mine}, **steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume mid-batch; refuse a state of another map (or of none) naming both (STREAM-21)."""
@@ -383,6 +381,10 @@ class MappedReferenceLoader(StreamingReferenceLoader):
                     "state_dict() returned, unchanged")
         plain = dict(state, options={k: v for k, v in options.items() if k != "map"},
                      lanes={k: plain_lane(v) for k, v in lanes.items()} if isinstance(lanes, Mapping) else lanes)
-        super().load_state_dict(plain)      # the header, the index, tokenizer, options, epoch, lanes, positions
-        self.map_lanes = {int(k): map_lane_from_json(self.map_reader, self.epoch, int(k), v)
-                          for k, v in lanes.items()}
+        super().load_state_dict(plain)      # the header, the index, tokenizer, options, epoch, lanes, positions, steps
+        ahead = set() if self._next is None else set(self._next[0])       # lanes already in epoch + 1 (STREAM-22)
+        parsed = {int(k): map_lane_from_json(self.map_reader, self.epoch + (int(k) in ahead), int(k), v)
+                  for k, v in lanes.items()}
+        self.lanes = {lane: MapLaneState() if lane in ahead else s for lane, s in parsed.items()}
+        if self._next is not None:
+            self._next = ({lane: parsed[lane] for lane in ahead}, self._next[1], self._next[2])

@@ -47,6 +47,7 @@ from reference.mixing import choose_weighted
 from reference.packing import Sample
 from reference.resume import Corpus, PipelineConfig, corpus_fingerprint, epoch_samples, pipeline_fingerprint
 from reference.rng import MASK64, Stream, derive_key, subkey, unit
+from reference.stream_steps import STEPS_KEYS, STEPS_VERSION, EpochSteps, Resumed, resume_steps
 from reference.streaming import (
     LaneReader,
     LaneState,
@@ -61,8 +62,9 @@ from reference.streaming import (
 from reference.units import SourceFile, build_index
 
 STATE_FORMAT = "loadspec.stream_mix_state"
-STATE_VERSION = 1
-STATE_KEYS = frozenset({"format", "version", "parts", "epoch", "lanes"})
+STATE_VERSION = STEPS_VERSION
+V1_KEYS = frozenset({"format", "version", "parts", "epoch", "lanes"})
+STATE_KEYS = V1_KEYS | STEPS_KEYS     # version 2 carries the epoch's steps and each rank's (STREAM-22)
 LANE_KEYS = frozenset({"attempts", "exhausted", "samples", "sources"})
 STOPPING = ("first_exhausted", "all_exhausted")
 
@@ -377,13 +379,13 @@ def lane_from_json(reader: MixReader, epoch: int, lane: int, value: Any) -> MixL
 # ------------------------------------------------------------------ the loader
 
 
-class StreamMixReferenceLoader:
+class StreamMixReferenceLoader(EpochSteps):
     """One rank's view of a mixture of streaming sources and stores, with an exact, elastic state (MIX-22 .. MIX-25).
 
     Ranks × workers own whole mixture lanes (STREAM-10); a step's batch is
     ``batch_size`` samples of one worker, lanes fewest-consumed first
     (STREAM-11); every rank takes the same number of steps (STREAM-12, over
-    the mixture lanes' remaining samples); ``state_dict`` holds this rank's
+    the mixture lanes' remaining samples, S carried by the state, STREAM-22); ``state_dict`` holds this rank's
     lanes and ``reference.streaming.merge_states`` unites the ranks'.
     """
 
@@ -399,21 +401,27 @@ class StreamMixReferenceLoader:
         self.parts = state_parts(self.sources, config, self.num_lanes)
         self.epoch = 0
         self.lanes = {lane: fresh_lane(self.sources) for lane in range(self.num_lanes)}
-        self._steps: int | None = None
+        self._total, self._taken, self._next = None, 0, None     # S, t_r, epoch + 1's lanes (STREAM-22)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning unless the state already sits inside it (as RES-7)."""
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be >= 0")
-        if epoch != self.epoch:
-            self.epoch, self._steps = epoch, None
-            self.lanes = {lane: fresh_lane(self.sources) for lane in self.lanes}
+        self._enter_epoch(epoch)
+
+    def _fresh(self) -> dict[int, Any]:
+        return {lane: fresh_lane(self.sources) for lane in self.lanes}
+
+    def _remaining(self, epoch: int, lanes: Mapping[int, Any]) -> dict[int, int]:
+        return {lane: lane_remaining(self._census, epoch, lane, s) for lane, s in lanes.items()}
+
+    def _steps_of(self, remaining: Mapping[int, int]) -> int:
+        return epoch_steps(remaining, self.num_lanes, self.world_size, self.num_workers, self.batch_size)
 
     def __iter__(self) -> Iterator[list[MixRow]]:
         epoch = self.epoch
-        remaining = {lane: lane_remaining(self._census, epoch, lane, s) for lane, s in self.lanes.items()}
-        if self._steps is None:
-            self._steps = epoch_steps(remaining, self.num_lanes, self.world_size, self.num_workers, self.batch_size)
-        while self._steps > 0:
+        remaining = self._remaining(epoch, self.lanes)
+        left = self._steps_left(remaining)
+        while left > 0:
             live = [w for w in self.workers if sum(remaining[lane] for lane in w) >= self.batch_size]
             worker = min(live, key=lambda w: (sum(self.lanes[lane].samples for lane in w), self.workers.index(w)))
             batch = []
@@ -425,24 +433,27 @@ class StreamMixReferenceLoader:
                 (source, index, sample), after = step
                 batch.append(MixRow(epoch, lane, self.lanes[lane].samples, source, index, sample))
                 self.lanes[lane], remaining[lane] = after, remaining[lane] - 1
-            self._steps -= 1
+            left, self._taken = left - 1, self._taken + 1
             yield batch
         self.set_epoch(epoch + 1)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's lanes and the parts they depend on, as JSON primitives (MIX-24)."""
         mine = sorted(lane for w in self.workers for lane in w)
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "parts": self.parts, "epoch": self.epoch,
-                "lanes": {str(lane): lane_json(self.reader, self.epoch, lane, self.lanes[lane]) for lane in mine}}
+        epoch, lanes, steps = self._steps_record(mine)
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "parts": self.parts, "epoch": epoch,
+                "lanes": {str(lane): lane_json(self.reader, epoch, lane, lanes[lane]) for lane in mine}, **steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a global state; refuse one of another mixture, naming each part that differs (MIX-24)."""
         require(isinstance(state, Mapping) and state.get("format") == STATE_FORMAT, StateError,
                 f"not a stream mixture state (format {state.get('format') if isinstance(state, Mapping) else state!r});"
                 " pass the dict state_dict() or merge_states returned")
-        require(state.get("version") == STATE_VERSION and set(state) == STATE_KEYS, StateError,
-                f"state version {state.get('version')!r} with keys {sorted(state)} is not version {STATE_VERSION} "
-                f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
+        version = state.get("version")
+        require(version in (1, STATE_VERSION) and set(state) == (V1_KEYS if version == 1 else STATE_KEYS),
+                StateError, f"state version {version!r} with keys {sorted(state)} is not version {STATE_VERSION} with "
+                f"{sorted(STATE_KEYS)} (or 1 without {sorted(STEPS_KEYS)}); pass the dict state_dict() returned, "
+                "unchanged")
         differs = mismatches(state["parts"], self.parts)
         require(not differs, StateError, "the checkpoint differs from this mixture in " + "; ".join(differs) +
                 ": resume with the sources, weights and options it was taken with, or start from a fresh state")
@@ -453,8 +464,11 @@ class StreamMixReferenceLoader:
                 f"state holds lanes {sorted(lanes) if isinstance(lanes, Mapping) else lanes!r} of {self.num_lanes}: "
                 "a rank's state holds its own lanes; combine every rank's state_dict() with merge_states and load "
                 "the result")
-        self.epoch, self._steps = epoch, None
-        self.lanes = {int(k): lane_from_json(self.reader, epoch, int(k), v) for k, v in lanes.items()}
+        resumed = (Resumed(lane_epochs=dict.fromkeys(range(self.num_lanes), epoch)) if version == 1 else
+                   resume_steps(state, num_lanes=self.num_lanes, world_size=self.world_size,
+                                num_workers=self.num_workers, batch_size=self.batch_size, rank=self.rank))
+        self._resume(epoch, resumed, {int(k): lane_from_json(self.reader, resumed.lane_epochs[int(k)], int(k), v)
+                                      for k, v in lanes.items()})
 
 
 __all__ = ["STATE_FORMAT", "MixLaneState", "MixReader", "MixRow", "StoreSource", "StreamMixConfig",

@@ -42,13 +42,22 @@ from typing import Any
 from reference.errors import ConfigError, StateError, TopologyError, is_int, require
 from reference.packing import STREAM_MODES, PackingConfig, Piece, Sample, fill, is_kept, prepare
 from reference.rng import MASK64, FeistelPermutation, Stream, below, derive_key, subkey
+from reference.stream_steps import (
+    STEPS_KEYS,
+    STEPS_VERSION,
+    EpochSteps,
+    Resumed,
+    merge_states,  # noqa: F401  (STREAM-14: re-exported, beside the steps it unites)
+    resume_steps,
+)
 from reference.units import ON_ERROR, SourceFile, UnitIndex, build_index, read_unit
 
 RowId = tuple[int, int]
 Tokenizer = Callable[[str], Sequence[int]]
 STATE_FORMAT = "loadspec.stream_state"
-STATE_VERSION = 1
-STATE_KEYS = frozenset({"format", "version", "index", "tokenizer", "options", "epoch", "lanes"})
+STATE_VERSION = STEPS_VERSION
+V1_KEYS = frozenset({"format", "version", "index", "tokenizer", "options", "epoch", "lanes"})
+STATE_KEYS = V1_KEYS | STEPS_KEYS     # version 2 carries the epoch's steps and each rank's (STREAM-22)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -491,39 +500,10 @@ def _lane_from_json(reader: LaneReader, epoch: int, lane: int, value: Any) -> La
     return LaneState(buffer, current, value["offset"], value["samples"])
 
 
-def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One global state from the per-rank states of one step: every field equal, the lanes united (STREAM-14).
-
-    Why: a rank without a process group knows only its own lanes; a
-    checkpoint is one global state, loadable on any valid world size.
-
-    >>> a = {"format": STATE_FORMAT, "epoch": 0, "lanes": {"0": {"samples": 1}}}
-    >>> merge_states([a, dict(a, lanes={"1": {"samples": 2}})])["lanes"]
-    {'0': {'samples': 1}, '1': {'samples': 2}}
-    >>> merge_states([a, dict(a, epoch=1)])
-    Traceback (most recent call last):
-    ...
-    reference.errors.StateError: state 1 differs from state 0 in epoch: merge the states the ranks saved at the same step of the same run
-    """
-    require(len(states) >= 1, StateError, "merge_states needs at least one state; pass every rank's state_dict()")
-    first = states[0]
-    lanes: dict[str, Any] = {}
-    for i, state in enumerate(states):
-        for key in sorted(set(first) | set(state)):
-            require(key == "lanes" or state.get(key) == first.get(key), StateError,
-                    f"state {i} differs from state 0 in {key}: merge the states the ranks saved at the same step "
-                    "of the same run")
-        for lane, value in state["lanes"].items():
-            require(lane not in lanes, StateError,
-                    f"lane {lane} appears in two states: pass each rank's state once, from one run")
-            lanes[lane] = value
-    return dict(first, lanes=dict(sorted(lanes.items(), key=lambda kv: int(kv[0]))))
-
-
 # ------------------------------------------------------------------ the loader
 
 
-class StreamingReferenceLoader:
+class StreamingReferenceLoader(EpochSteps):
     """One rank's view of a streaming source, with an exact, elastic state (STREAM-10 .. STREAM-15).
 
     Iterating yields this rank's batches (lists of ``StreamRow``) for the rest
@@ -549,21 +529,27 @@ class StreamingReferenceLoader:
         self._census = LaneReader(files, self.index, config, tokenizer)   # counts steps; not the cost of a read
         self.epoch = 0
         self.lanes = {lane: LaneState() for lane in range(config.num_lanes)}
-        self._steps: int | None = None     # steps left this epoch, from the global lane states
+        self._total, self._taken, self._next = None, 0, None     # S, t_r, epoch + 1's lanes (STREAM-22)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning unless the state already sits inside it (as RES-7)."""
         require(is_int(epoch) and epoch >= 0, ConfigError, f"epoch={epoch!r} must be >= 0")
-        if epoch != self.epoch:
-            self.epoch, self.lanes, self._steps = epoch, {lane: LaneState() for lane in self.lanes}, None
+        self._enter_epoch(epoch)
+
+    def _fresh(self) -> dict[int, Any]:
+        return {lane: LaneState() for lane in self.lanes}
+
+    def _remaining(self, epoch: int, lanes: Mapping[int, Any]) -> dict[int, int]:
+        return {lane: lane_remaining(self._census, epoch, lane, s) for lane, s in lanes.items()}
+
+    def _steps_of(self, remaining: Mapping[int, int]) -> int:
+        return epoch_steps(remaining, self.config.num_lanes, self.world_size, self.num_workers, self.batch_size)
 
     def __iter__(self) -> Any:
         epoch = self.epoch
-        remaining = {lane: lane_remaining(self._census, epoch, lane, s) for lane, s in self.lanes.items()}
-        if self._steps is None:
-            self._steps = epoch_steps(remaining, self.config.num_lanes, self.world_size, self.num_workers,
-                                      self.batch_size)
-        while self._steps > 0:
+        remaining = self._remaining(epoch, self.lanes)
+        left = self._steps_left(remaining)
+        while left > 0:
             live = [w for w in self.workers if sum(remaining[lane] for lane in w) >= self.batch_size]
             worker = min(live, key=lambda w: (sum(self.lanes[lane].samples for lane in w), self.workers.index(w)))
             batch = []
@@ -573,25 +559,28 @@ class StreamingReferenceLoader:
                 assert step is not None
                 batch.append(StreamRow(epoch, lane, self.lanes[lane].samples, step[0]))
                 self.lanes[lane], remaining[lane] = step[1], remaining[lane] - 1
-            self._steps -= 1
+            left, self._taken = left - 1, self._taken + 1
             yield batch
         self.set_epoch(epoch + 1)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's lanes and everything they depend on, as JSON primitives (STREAM-13)."""
         mine = sorted(lane for w in self.workers for lane in w)
+        epoch, lanes, steps = self._steps_record(mine)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "index": self.index.fingerprint,
-                "tokenizer": self.tokenizer_id, "options": self.config.to_json(), "epoch": self.epoch,
-                "lanes": {str(lane): _lane_json(self.reader, self.epoch, lane, self.lanes[lane]) for lane in mine}}
+                "tokenizer": self.tokenizer_id, "options": self.config.to_json(), "epoch": epoch,
+                "lanes": {str(lane): _lane_json(self.reader, epoch, lane, lanes[lane]) for lane in mine}, **steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a global state; refuse one that does not fit, naming what differs (STREAM-15)."""
         require(isinstance(state, Mapping) and state.get("format") == STATE_FORMAT, StateError,
                 f"not a streaming state (format {state.get('format') if isinstance(state, Mapping) else state!r}); "
                 "pass the dict a StreamingReferenceLoader's state_dict() or merge_states returned")
-        require(state.get("version") == STATE_VERSION and set(state) == STATE_KEYS, StateError,
-                f"state version {state.get('version')!r} with keys {sorted(state)} is not version {STATE_VERSION} "
-                f"with {sorted(STATE_KEYS)}; pass the dict state_dict() returned, unchanged")
+        version = state.get("version")
+        require(version in (1, STATE_VERSION) and set(state) == (V1_KEYS if version == 1 else STATE_KEYS),
+                StateError, f"state version {version!r} with keys {sorted(state)} is not version {STATE_VERSION} with "
+                f"{sorted(STATE_KEYS)} (or 1 without {sorted(STEPS_KEYS)}); pass the dict state_dict() returned, "
+                "unchanged")
         differs = []
         if state["index"] != self.index.fingerprint:
             differs.append("the unit index (a file was changed, added, removed or reordered, or unit_bytes differs)")
@@ -613,6 +602,9 @@ class StreamingReferenceLoader:
                 f"state holds lanes {sorted(lanes) if isinstance(lanes, Mapping) else lanes!r} of "
                 f"{self.config.num_lanes}: a rank's state holds its own lanes; combine every rank's state_dict() "
                 "with merge_states and load the result")
-        self.epoch = epoch
-        self.lanes = {int(k): _lane_from_json(self.reader, epoch, int(k), v) for k, v in lanes.items()}
-        self._steps = None
+        resumed = (Resumed(lane_epochs=dict.fromkeys(range(self.config.num_lanes), epoch)) if version == 1 else
+                   resume_steps(state, num_lanes=self.config.num_lanes, world_size=self.world_size,
+                                num_workers=self.num_workers, batch_size=self.batch_size, rank=self.rank))
+        self._resume(epoch, resumed, {int(k): _lane_from_json(self.reader, resumed.lane_epochs[int(k)], int(k), v)
+                                      for k, v in lanes.items()})
+

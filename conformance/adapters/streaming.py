@@ -204,8 +204,8 @@ class StreamingAdapter:
         self._last: tuple[tuple[Any, ...], _Group] | None = None
 
     def epoch_coverage(self, corpus: Corpus, config: PipelineConfig, topology: Topology,
-                       state: Mapping[str, Any] | None = None) -> EpochCoverage:
-        """The exact account under STREAM-12 of epoch 0, or of the rest of ``state``'s epoch, on ``topology``.
+                       state: Mapping[str, Any] | None = None) -> EpochCoverage | None:
+        """The exact account under STREAM-12 of epoch 0, or of the rest of ``state``'s epoch, on ``topology`` (STREAM-22).
 
         From ``reference.streaming`` over the same jsonl bytes (the
         specification, not the loader's run): every lane's samples left
@@ -213,8 +213,12 @@ class StreamingAdapter:
         global ``state``), the steps every rank takes (``epoch_steps``: the
         minimum over ranks of its full batches), and ``steps × W × B`` of the
         samples trained; each lane packs its own stream, so ``streams`` is
-        the lane count.
+        the lane count. A state resumed on the topology it was taken on runs
+        rank r for ``S - t_r`` steps (STREAM-22: a rank that was ahead takes
+        fewer), so ``kept`` is their sum times B, and lanes already in the
+        next epoch have no sample left in this one.
         """
+        from reference.stream_steps import STEPS_VERSION, resume_steps
         from reference.streaming import StreamingReferenceLoader, epoch_steps, lane_remaining
         from reference.units import TextFile
 
@@ -225,12 +229,24 @@ class StreamingAdapter:
                                        tokenizer_id=str(state["tokenizer"]) if state else "decimal",
                                        world_size=W, num_workers=topology.num_workers, batch_size=B)
         if state is not None:   # impl's index names its files by path and mtime: the lanes are what it positions
-            ref.load_state_dict(dict(state, index=ref.index.fingerprint))
-        remaining = {lane: lane_remaining(ref._census, ref.epoch, lane, s) for lane, s in ref.lanes.items()}
+            try:
+                ref.load_state_dict(dict(state, index=ref.index.fingerprint))
+            except StateError:  # lanes straddling two epochs on another topology: the loader refuses it too
+                return None
+        ahead = set() if ref._next is None else set(ref._next[0])     # lanes already in the next epoch (STREAM-22)
+        remaining = {lane: 0 if lane in ahead else lane_remaining(ref._census, ref.epoch, lane, s)
+                     for lane, s in ref.lanes.items()}
         steps = epoch_steps(remaining, NUM_LANES, W, topology.num_workers, B)
-        return EpochCoverage(samples=sum(remaining.values()), kept=steps * W * B, steps=steps,
-                             last_step=W * B if steps else 0, global_batch=W * B, streams=NUM_LANES,
-                             clause="STREAM-12")
+        left = [steps] * W
+        if state is not None and state["version"] == STEPS_VERSION:    # same topology: rank r runs S - t_r (STREAM-22)
+            for r in range(W):
+                resumed = resume_steps(state, num_lanes=NUM_LANES, world_size=W, num_workers=topology.num_workers,
+                                       batch_size=B, rank=r)
+                if resumed.steps is not None:
+                    left[r] = resumed.steps - resumed.taken
+        return EpochCoverage(samples=sum(remaining.values()), kept=sum(left) * B, steps=max(left),
+                             last_step=W * B if max(left) else 0, global_batch=W * B, streams=NUM_LANES,
+                             clause="STREAM-22" if left != [steps] * W else "STREAM-12")
 
     def unsupported(self, corpus: Corpus, config: PipelineConfig, topology: Topology) -> str | None:
         from reference.streaming import valid_world_sizes

@@ -246,3 +246,39 @@ def test_mismatched_sources_topologies_and_foreign_states_are_refused_by_name(tm
             other.load_state_dict(state)
     with pytest.raises(StateError, match="merge_states"):
         MixedDataset([a, store], weights=(1, 1)).load_state_dict(dict(state, lanes={"0": state["lanes"]["0"]}))
+
+
+@pytest.mark.clause("STREAM-22", "MIX-24")
+@given(m=mixtures(lanes=4), batch=st.integers(1, 2), ahead=st.integers(0, 1), cross=st.booleans(), data=st.data())
+def test_a_rank_a_batch_ahead_at_a_mixture_checkpoint_resumes_each_rank_to_the_epochs_steps_as_the_reference(
+        tmp_path, m, batch, ahead, cross, data):
+    built = _build(tmp_path, m)
+    whole = []
+    for r in range(2):
+        mixed, _ = _pair(tmp_path, m, world=2, rank=r, batch=batch, built=built)
+        whole.append([impl_rows(mixed), impl_rows(mixed)])
+    k = data.draw(st.integers(0, max(0, len(whole[0][0]) - 1)))
+    pairs = [_pair(tmp_path, m, world=2, rank=r, batch=batch, built=built) for r in range(2)]
+    taken = []
+    for r, (mixed, ref) in enumerate(pairs):
+        its = iter(mixed), iter(ref)
+        n = k + (r == ahead)
+        got, expected = impl_rows(take(its[0], n)), ref_rows(take(its[1], n))
+        if r == ahead and cross:
+            got, expected = got + impl_rows(list(its[0])), expected + ref_rows(list(its[1]))
+        assert got == expected
+        taken.append(len(got))
+    states = [json.loads(json.dumps(mixed.state_dict())) for mixed, _ in pairs]
+    assert states == [ref.state_dict() for _, ref in pairs]
+    merged = merge_states(states)
+    for r in range(2):
+        mixed, ref = _pair(tmp_path, m, world=2, rank=r, batch=batch, built=built)
+        mixed.load_state_dict(merged)
+        ref.load_state_dict(merged)
+        rest = [impl_rows(mixed), impl_rows(mixed)]
+        assert rest == [ref_rows(ref), ref_rows(ref)]
+        assert rest == [whole[r][0][taken[r]:], whole[r][1]], f"rank {r} resumed from {taken[r]} steps"
+    if merged["ranks"]["0"]["epoch"] != merged["ranks"]["1"]["epoch"]:
+        mixed, _ = _pair(tmp_path, m, world=1, rank=0, batch=batch, built=built)
+        with pytest.raises(StateError, match="straddle two epochs"):
+            mixed.load_state_dict(merged)

@@ -8,6 +8,7 @@ The oracles are written from the clause text: a store's lane is a slice of
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -313,3 +314,29 @@ def test_missing_or_zero_weights_are_refused_naming_the_source():
                         mentions=["equal weights"])
     assert_raises_typed(ConfigError, StreamMixConfig, weights=(1.0, 0.0), clause="MIX-25", what="a zero weight",
                         mentions=["weights[1]=0.0", "drop it"])
+
+
+@pytest.mark.clause("STREAM-22", "MIX-24")
+@given(mix=mixtures(lanes=4), batch=st.integers(1, 2), ahead=st.integers(0, 1), cross=st.booleans(), data=st.data())
+def test_a_rank_a_batch_ahead_at_a_mixture_checkpoint_resumes_each_rank_to_the_epochs_steps(
+        mix, batch, ahead, cross, data):
+    sources, config = mix
+
+    def make(rank):
+        return StreamMixReferenceLoader(sources, config, world_size=2, rank=rank, batch_size=batch)
+
+    whole = [[list(ld), list(ld)] for ld in (make(r) for r in range(2))]
+    k = data.draw(st.integers(0, max(0, len(whole[0][0]) - 1)))
+    loaders, taken = [make(r) for r in range(2)], []
+    for r, ld in enumerate(loaders):
+        it = iter(ld)
+        got = list(itertools.islice(it, k + (r == ahead)))
+        if r == ahead and cross:
+            got += list(it)
+        taken.append(len(got))
+    merged = merge_states([json.loads(json.dumps(ld.state_dict())) for ld in loaders])
+    for r in range(2):
+        resumed = make(r)
+        resumed.load_state_dict(merged)
+        assert_equal([list(resumed), list(resumed)], [whole[r][0][taken[r]:], whole[r][1]], clause="STREAM-22",
+                     what=f"mixture rank {r} resumed where it had taken {taken[r]} steps (rank {ahead} one ahead)")

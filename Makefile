@@ -9,6 +9,9 @@ STAMP := $(VENV)/.loadspec-installed
 FIND_LINKS := $(if $(wildcard /opt/wheels/torch-2.13.0*),--find-links /opt/wheels,)
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS)
 PROFILE ?= ci
+# The conformance suite runs on every core (pytest-xdist), at most 4 processes: its tests are single-threaded
+# Python, its gloo jobs' time limits scale with the machine's load. XDIST= runs it in one process.
+XDIST ?= -n auto --maxprocesses 4 --dist worksteal
 
 .PHONY: install demo demo-mix test test-reference test-thorough clean lint
 
@@ -30,7 +33,7 @@ demo-mix: $(STAMP)
 
 # Lint first (ruff, and mypy strict for reference/, impl/ and demos/), then the suites.
 test: $(STAMP) lint
-	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15
+	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance -q -ra --durations=15 $(XDIST)
 	LOADSPEC_HYPOTHESIS_PROFILE=$(PROFILE) $(BIN)/python -m pytest conformance/tests -q -ra --loadspec-loader conformance.adapters.reference:adapter
 	LOADSPEC_BENCH_SIZE=S $(BIN)/python -m pytest benchmarks -q -ra --benchmark-disable
 

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from impl.errors import ConfigError, is_int, require
 from impl.partition import distributed_topology
+from impl.stream_lanes import from_pipe
 from impl.stream_mixing import StreamMixture
 from impl.streaming import SKIPPED_KEY, STATE_KEY, StreamingDataset
 
@@ -103,7 +104,7 @@ class StreamingLoader:
                 k = min((k for k in range(len(lanes)) if k not in done),
                         key=lambda k: (sum(ds.lane_samples(lane) for lane in lanes[k]), k))
                 while not queues[k]:
-                    batch = next(iterator)
+                    batch = from_pipe(next(iterator))
                     meta = batch.pop(STATE_KEY)
                     skipped = batch.pop(SKIPPED_KEY, None)     # a worker's bad lines (STREAM-17)
                     if skipped and isinstance(ds, StreamingDataset):

@@ -49,7 +49,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -266,15 +266,24 @@ class StreamingDataset(LaneBatches):
     def row_tokens(self) -> RowTokens:
         """A fresh cache of prepared token arrays by global row number (``LaneCursor.next_sample``'s ``tokens``)."""
         return RowTokens(self._tok_json, self.config.packing, self._starts, self.unit_texts,
-                         keep=4 * self.config.num_lanes + 16)
+                         keep=4 * self.config.num_lanes + 16, read=self.read_texts, account=self.count_read)
 
     def unit_texts(self, u: int, *, census: bool = False) -> list[str | None]:
         """Unit ``u``'s rows (None for a line ``on_error="skip"`` dropped), counted unless read for the census."""
         if not census:
             self.unit_reads += 1
-        texts = read_unit(self.files, self.index, u, self.config.text_field, self.config.on_error)
+        texts = self.read_texts(u)
         self._note_skipped(u, texts)
         return texts
+
+    def read_texts(self, u: int) -> list[str | None]:
+        """Unit ``u``'s rows, neither counted nor reported: ``RowTokens`` reads ahead with it, then :meth:`count_read`."""
+        return read_unit(self.files, self.index, u, self.config.text_field, self.config.on_error)
+
+    def count_read(self, u: int, texts: list[str | None]) -> None:
+        """Count unit ``u`` as read to make samples and report its skipped lines, when a lane needs it (STREAM-17)."""
+        self.unit_reads += 1
+        self._note_skipped(u, texts)
 
     def lane_entry(self, epoch: int, lane: int, snap: LaneSnapshot) -> dict[str, Any]:
         """Lane ``lane``'s snapshot as STREAM-13's JSON entry (``impl.stream_mixing`` nests it in its state)."""
@@ -433,6 +442,7 @@ class StreamingDataset(LaneBatches):
         """
         epoch, p, B = self.epoch, self.config.packing, self.batch_size
         cursors = {lane: self._cursor(epoch, lane) for lane in lanes}
+        _follow(tokens, cursors.values())
         alive = set(lanes)
         while True:
             rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
@@ -454,6 +464,7 @@ class StreamingDataset(LaneBatches):
                    worker: int) -> Iterator[_Batch]:
         """Several ranks: the worker's batches among the census's equal steps (STREAM-11, STREAM-12, STREAM-22)."""
         self._pass_total, cursors, plan = self._plan(tokens, num_workers)
+        _follow(tokens, (cursors[lane] for lane in sorted({lane for k, lanes in plan if k == worker for lane in lanes})))
         for k, lanes in plan:
             if k == worker:
                 rows = []
@@ -612,4 +623,12 @@ class StreamingDataset(LaneBatches):
         mapped = "" if self.batched_map is None else f", map={self.batched_map.identity!r}"
         return (f"StreamingDataset({len(self.index.files)} files, {len(self.index.units)} units, "
                 f"seq_len={self.config.packing.seq_len}, num_lanes={self.config.num_lanes}{mapped}, epoch={self.epoch})")
+
+
+def _follow(tokens: RowTokens, cursors: Iterable[Any]) -> None:
+    """Tell ``tokens`` the rows each lane cursor will read, so their units are encoded ahead (``impl.stream_tokens``)."""
+    for c in cursors:
+        if isinstance(c, LaneCursor):
+            tokens.follow(c.rows[c.read:])
+
 

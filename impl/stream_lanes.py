@@ -24,7 +24,7 @@ Worked example (rows of one lane, no shuffle, a buffer of 2)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from impl.units import UnitIndex
 from reference.packing import IGNORE, PackingConfig
 from reference.streaming import StreamingConfig
 
-__all__ = ["FRESH", "PIPE_KEY", "STATE_KEY", "LaneBatches", "LaneCursor", "LaneSnapshot", "buffer_key", "from_pipe",
+__all__ = ["FRESH", "PIPE_KEY", "STATE_KEY", "LaneBatches", "LaneCursor", "LaneSnapshot", "buffer_key", "follow_lanes", "from_pipe",
            "lane_json", "lane_rows", "lane_units", "lane_windows", "participant_lanes", "remaining_samples", "schedule",
            "snapshot_from_json", "to_pipe", "valid_world_sizes"]
 
@@ -418,3 +418,10 @@ class LaneBatches(IterableDataset[dict[str, Any]]):
             yield batch
         if self.epoch == epoch:
             self.set_epoch(epoch + 1)
+
+
+def follow_lanes(tokens: Any, cursors: Iterable[Any]) -> None:
+    """Tell ``tokens`` the rows each lane cursor will read, so their units are encoded ahead (``impl.stream_tokens``)."""
+    for c in cursors:
+        if isinstance(c, LaneCursor):
+            tokens.follow(c.rows[c.read:])

@@ -49,7 +49,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,7 @@ from torch.utils.data import get_worker_info
 
 from impl.collation import batch_cu_seqlens
 from impl.errors import ConfigError, StateError, TokenizerError, is_int, require
-from impl.files import FileAccess, LocalFiles
+from impl.files import FileAccess
 from impl.hf_sources import hf_paths
 from impl.partition import distributed_topology
 from impl.stream_lanes import (
@@ -68,6 +68,7 @@ from impl.stream_lanes import (
     LaneCursor,
     LaneSnapshot,
     buffer_key,
+    follow_lanes,
     lane_json,
     lane_rows,
     lane_windows,
@@ -89,7 +90,7 @@ from impl.stream_maps import (
 )
 from impl.stream_steps import merge_states, resumed_steps, steps_fields
 from impl.stream_tokens import RowTokens, resolve_once
-from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, split_urls
+from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, source_files
 from reference.packing import PackingConfig
 from reference.stream_maps import BatchedMap
 from reference.streaming import STATE_FORMAT, STATE_KEYS, STATE_VERSION, V1_KEYS, StreamingConfig
@@ -106,31 +107,6 @@ class SkippedRowsWarning(UserWarning):
 
 
 _Batch = tuple[list[tuple[int, int, dict[str, np.ndarray]]], tuple[tuple[int, LaneSnapshot], ...]]
-
-
-def _access(paths: str | Sequence[str], files: FileAccess | None, local: str | os.PathLike[str] | None,
-            cache_limit: int | str | None, storage_options: Mapping[str, Any] | None,
-            ) -> tuple[FileAccess, str | Sequence[str]]:
-    """The file seam for ``paths``: ``files`` as given, a node-local cache of a remote root for URLs, or local files."""
-    urls = split_urls(paths)
-    if files is not None or urls is None:
-        require(local is None and cache_limit is None and storage_options is None, ConfigError,
-                "local, cache_limit and storage_options are for URL paths (s3://..., gs://..., file://...); with "
-                "local paths or files= leave them out")
-        return (LocalFiles("") if files is None else files), paths
-    require(local is not None, ConfigError,
-            f"paths are URLs under {_redact(urls[0])}: pass local=<a node-local cache directory> (each file is "
-            "downloaded there once per node)")
-    from impl.remote import RemoteFiles  # fsspec and the node cache only for a remote source
-
-    assert local is not None
-    return RemoteFiles(urls[0], local, cache_limit=cache_limit, storage_options=storage_options), urls[1]
-
-
-def _redact(url: str) -> str:
-    from impl.remote import redact_url
-
-    return redact_url(url)
 
 
 class StreamingDataset(LaneBatches):
@@ -192,7 +168,7 @@ class StreamingDataset(LaneBatches):
             num_lanes=num_lanes, seed=seed, shuffle=shuffle, unit_window=unit_window,
             shuffle_buffer_size=shuffle_buffer_size, unit_bytes=unit_bytes, text_field=text_field, on_error=on_error)
         self.tokenizer_id = info.sha256
-        self.files, paths = _access(paths, files, local, cache_limit, storage_options)
+        self.files, paths = source_files(paths, files, local, cache_limit, storage_options)
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         self.index: UnitIndex = build_unit_index(paths, files=self.files, unit_bytes=unit_bytes,
                                                  text_field=text_field, index_dir=self.index_dir)
@@ -442,7 +418,7 @@ class StreamingDataset(LaneBatches):
         """
         epoch, p, B = self.epoch, self.config.packing, self.batch_size
         cursors = {lane: self._cursor(epoch, lane) for lane in lanes}
-        _follow(tokens, cursors.values())
+        follow_lanes(tokens, cursors.values())
         alive = set(lanes)
         while True:
             rows: list[tuple[int, int, dict[str, np.ndarray]]] = []
@@ -464,7 +440,7 @@ class StreamingDataset(LaneBatches):
                    worker: int) -> Iterator[_Batch]:
         """Several ranks: the worker's batches among the census's equal steps (STREAM-11, STREAM-12, STREAM-22)."""
         self._pass_total, cursors, plan = self._plan(tokens, num_workers)
-        _follow(tokens, (cursors[lane] for lane in sorted({lane for k, lanes in plan if k == worker for lane in lanes})))
+        follow_lanes(tokens, (cursors[lane] for lane in sorted({lane for k, lanes in plan if k == worker for lane in lanes})))
         for k, lanes in plan:
             if k == worker:
                 rows = []
@@ -623,12 +599,4 @@ class StreamingDataset(LaneBatches):
         mapped = "" if self.batched_map is None else f", map={self.batched_map.identity!r}"
         return (f"StreamingDataset({len(self.index.files)} files, {len(self.index.units)} units, "
                 f"seq_len={self.config.packing.seq_len}, num_lanes={self.config.num_lanes}{mapped}, epoch={self.epoch})")
-
-
-def _follow(tokens: RowTokens, cursors: Iterable[Any]) -> None:
-    """Tell ``tokens`` the rows each lane cursor will read, so their units are encoded ahead (``impl.stream_tokens``)."""
-    for c in cursors:
-        if isinstance(c, LaneCursor):
-            tokens.follow(c.rows[c.read:])
-
 

@@ -35,7 +35,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +44,18 @@ from impl.arrow_stream import is_arrow_stream, read_stream_batch, stream_units
 from impl.errors import ConfigError, SourceError, is_int, require
 from impl.files import FileAccess, LocalFiles
 
-__all__ = ["INDEX_FORMAT", "INDEX_VERSION", "Unit", "UnitIndex", "build_unit_index", "file_format", "read_unit",
-           "resolve_paths", "split_urls"]
+__all__ = [
+    "INDEX_FORMAT",
+    "INDEX_VERSION",
+    "Unit",
+    "UnitIndex",
+    "build_unit_index",
+    "file_format",
+    "read_unit",
+    "resolve_paths",
+    "source_files",
+    "split_urls",
+]
 
 INDEX_FORMAT = "loadspec.unit_index"
 INDEX_VERSION = 1
@@ -441,3 +451,24 @@ def _read_group(files: FileAccess, name: str, fmt: str, group: int, text_field: 
                 f"{type(v).__name__} {v!r:.40} in column {text_field!r}, not a string; fix the data or pass "
                 "text_field=<a string column>")
     return values
+
+
+def source_files(paths: str | Sequence[str], files: FileAccess | None, local: str | os.PathLike[str] | None,
+                 cache_limit: int | str | None, storage_options: Mapping[str, Any] | None,
+                 ) -> tuple[FileAccess, str | Sequence[str]]:
+    """The file seam for ``paths``: ``files`` as given, a node-local cache of a remote root for URLs, or local files."""
+    urls = split_urls(paths)
+    if files is not None or urls is None:
+        require(local is None and cache_limit is None and storage_options is None, ConfigError,
+                "local, cache_limit and storage_options are for URL paths (s3://..., gs://..., file://...); with "
+                "local paths or files= leave them out")
+        return (LocalFiles("") if files is None else files), paths
+    from impl.remote import redact_url
+
+    require(local is not None, ConfigError,
+            f"paths are URLs under {redact_url(urls[0])}: pass local=<a node-local cache directory> (each file is "
+            "downloaded there once per node)")
+    from impl.remote import RemoteFiles  # fsspec and the node cache only for a remote source
+
+    assert local is not None
+    return RemoteFiles(urls[0], local, cache_limit=cache_limit, storage_options=storage_options), urls[1]

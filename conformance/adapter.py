@@ -61,7 +61,10 @@ Optional, with the default the kit uses when absent:
 the job's (gathered as a collective): restoring it restores every rank
 where it stood, so a rank that was a batch ahead at the checkpoint does not
 redo that batch whichever rank's copy it loads; the kit checks that the
-ranks' states are equal.
+ranks' states are equal, and that a state saved while a rank was a batch
+ahead, restored on the same topology, resumes every rank where it stood.
+A declared ``epoch_coverage`` is held exact both ways: an epoch that trains
+more samples than it declares fails as well as one that trains fewer.
 
 ``bit_exact`` is the only capability that makes the kit compare with the
 reference's sample numbering and order (``sample_index``, the state machine,

@@ -297,13 +297,23 @@ def check_epoch_coverage(per_rank: Sequence[Sequence[Sequence[CanonicalRow]]], c
     packed stream's store order when the loader packs in store order) and
     which pairs were never trained, and, when every rank ran one step short
     and the loss is that step's samples, that they are the epoch's last
-    global batch. Training more than the end policy keeps is not loss, and
-    is not checked here.
+    global batch. Training more than the kit's own account keeps is not
+    loss, and is not checked here; training more than an account the
+    adapter declares (``epoch_coverage``, naming its clause) fails: the
+    declaration is the exact account the loss check is held to, and one
+    that undercounts would let that many lost samples pass.
     """
     __tracebackhide__ = True
     leaders = per_rank[:: topology.replication]
     rows = [row for batches in leaders for batch in batches for row in batch if not _is_padding(row)]
     trained = {sample_key(row) for row in rows}
+    if coverage.clause and len(trained) > coverage.kept:   # a declaration that undercounts loosens the account
+        raise ClauseViolation(coverage.clause, (
+            f"epoch 0 trained {_count(len(trained), 'distinct sample')}, but the adapter declares (epoch_coverage) that "
+            f"the loader's end rule ({coverage.clause}) on {_count(topology.world_size, 'rank')} x batch size "
+            f"{topology.batch_size} trains exactly {coverage.kept} of the {coverage.samples} the corpus packs into: "
+            f"the declared account is not the loader's ({len(trained) - coverage.kept} more trained than declared), "
+            f"so a loss of that many samples would pass unseen"), repro)
     if len(trained) >= coverage.kept:
         return
     p, part = config.packing, topology.partition(config.end)

@@ -17,6 +17,21 @@ kit on every one):
   rank of the job reached (a counter the ranks share), not its own. Exact
   while rank 0 is the rank ahead at a checkpoint; when the last rank is
   ahead, every rank restoring rank 0's state skips a step of the others.
+* ``global_state_of_its_own_rank``: declares ``state:global`` because its
+  state counts global rows, but each rank returns its own ``(epoch, seen)``,
+  which is every rank's only while the ranks are in lockstep.
+* ``global_state_copied_from_rank_0``: declares ``state:global`` and every
+  rank returns rank 0's state (a broadcast from rank 0): the same on every
+  rank, but a rank that was a batch ahead of rank 0 redoes that batch.
+* ``global_state_of_the_furthest_rank``: declares ``state:global`` and every
+  rank returns the furthest ``(epoch, seen)`` of its job (an all-reduce of
+  the maximum): a rank behind the furthest skips its batch of that step.
+* ``declares_one_sample_more_kept``: declares its end rule's account
+  (``epoch_coverage``) with an off-by-one, ``steps * G + 1`` samples kept
+  where the loop keeps ``steps * G``.
+* ``declares_one_sample_fewer_kept``: declares ``steps * G - 1`` samples
+  kept, which loosens the exact loss account by a sample the loader could
+  then lose unseen.
 
 Run the kit on one: ``pytest --pyargs conformance.tests --loadspec-loader conformance.examples.broken:forgets_epoch``.
 """
@@ -24,6 +39,7 @@ Run the kit on one: ``pytest --pyargs conformance.tests --loadspec-loader confor
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +47,7 @@ import numpy as np
 from conformance.adapter import RowLoader
 from conformance.examples.third_party import TinyAdapter
 from conformance.examples.tiny_loader import TinyLoader
-from conformance.provenance import pack_corpus, row_from_columns
+from conformance.provenance import EpochCoverage, expected_coverage, pack_corpus, row_from_columns
 
 
 class ForgetfulSamplerLoader(TinyLoader):
@@ -89,16 +105,36 @@ class FurthestRankLoader(TinyLoader):
         return {"ep": epoch, "seen": seen}
 
 
-class BrokenAdapter(TinyAdapter):
-    """``TinyAdapter`` building one of the broken loaders above."""
+class JobStateLoader(TinyLoader):
+    """Every rank's state is one loader's of its job (``job``, shared by the ranks): rank 0's, or the furthest's."""
 
-    def __init__(self, loader_class: type[TinyLoader], name: str) -> None:
+    def __init__(self, rows: list[Any], *, job: list[TinyLoader], furthest: bool = False, **kwargs: Any) -> None:
+        super().__init__(rows, **kwargs)
+        self.job, self.furthest = job, furthest
+        job.append(self)
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, seen = max((ld.epoch, ld.seen) for ld in self.job) if self.furthest else (self.job[0].epoch,
+                                                                                           self.job[0].seen)
+        return {"ep": epoch, "seen": seen}
+
+
+class FurthestJobStateLoader(JobStateLoader):
+    def __init__(self, rows: list[Any], **kwargs: Any) -> None:
+        super().__init__(rows, furthest=True, **kwargs)
+
+
+class BrokenAdapter(TinyAdapter):
+    """``TinyAdapter`` building one of the broken loaders above (``extra``: capabilities it declares beyond it)."""
+
+    def __init__(self, loader_class: type[TinyLoader], name: str, extra: frozenset[str] = frozenset()) -> None:
         self.loader_class, self.name = loader_class, name
+        self.capabilities = TinyAdapter.capabilities | extra
         self.job: list[TinyLoader] = []
 
     def build(self, corpus, config, topology, *, workdir):
         shared: dict[str, Any] = {}
-        if self.loader_class is FurthestRankLoader:  # the ranks built after a rank 0 are its job's
+        if issubclass(self.loader_class, (FurthestRankLoader, JobStateLoader)):  # the ranks built after a rank 0
             if topology.rank == 0:
                 self.job = []
             shared["job"] = self.job
@@ -106,6 +142,20 @@ class BrokenAdapter(TinyAdapter):
                                    rank=topology.rank, world_size=topology.world_size, seed=config.ordering.seed,
                                    shuffle=config.ordering.kind != "sequential", **shared)
         return RowLoader(loader, lambda batch: [row_from_columns(r, epoch=loader.epoch, index=-1) for r in batch])
+
+
+class MiscountingAdapter(BrokenAdapter):
+    """The intact loader, whose adapter declares its end rule's account (``epoch_coverage``) ``off`` by samples."""
+
+    def __init__(self, off: int, name: str) -> None:
+        super().__init__(TinyLoader, name)
+        self.off = off
+
+    def epoch_coverage(self, corpus, config, topology, state=None) -> EpochCoverage | None:
+        coverage = expected_coverage(corpus, config, topology)
+        if coverage is None or state is not None:
+            return None
+        return replace(coverage, kept=min(max(coverage.kept + self.off, 0), coverage.samples), clause="PART-4")
 
 
 def forgets_epoch() -> BrokenAdapter:
@@ -122,3 +172,24 @@ def holds_back_even_batch() -> BrokenAdapter:
 
 def counts_furthest_rank() -> BrokenAdapter:
     return BrokenAdapter(FurthestRankLoader, "tiny-loader-counts-furthest-rank")
+
+
+def global_state_of_its_own_rank() -> BrokenAdapter:
+    return BrokenAdapter(TinyLoader, "tiny-loader-global-state-of-its-own-rank", frozenset({"state:global"}))
+
+
+def global_state_copied_from_rank_0() -> BrokenAdapter:
+    return BrokenAdapter(JobStateLoader, "tiny-loader-global-state-copied-from-rank-0", frozenset({"state:global"}))
+
+
+def global_state_of_the_furthest_rank() -> BrokenAdapter:
+    return BrokenAdapter(FurthestJobStateLoader, "tiny-loader-global-state-of-the-furthest-rank",
+                         frozenset({"state:global"}))
+
+
+def declares_one_sample_more_kept() -> MiscountingAdapter:
+    return MiscountingAdapter(+1, "tiny-loader-declares-one-sample-more-kept")
+
+
+def declares_one_sample_fewer_kept() -> MiscountingAdapter:
+    return MiscountingAdapter(-1, "tiny-loader-declares-one-sample-fewer-kept")

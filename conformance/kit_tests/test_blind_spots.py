@@ -36,6 +36,17 @@ CATCHES = {
     "counts_furthest_rank": (
         "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology",
         "RES-6"),
+    "global_state_of_its_own_rank": (
+        "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology",
+        "RES-6"),
+    "global_state_copied_from_rank_0": (
+        "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology",
+        "RES-6"),
+    "global_state_of_the_furthest_rank": (
+        "test_a_state_saved_while_the_last_rank_was_a_batch_ahead_continues_from_rank_0s_count_on_another_topology",
+        "RES-6"),
+    "declares_one_sample_more_kept": ("test_fewer_than_one_global_batch_is_left_untrained", "PART-4"),
+    "declares_one_sample_fewer_kept": ("test_fewer_than_one_global_batch_is_left_untrained", "PART-4"),
 }
 """Each broken variant of ``conformance.examples.broken``: the kit test that catches it, and the clause it names."""
 
@@ -44,12 +55,15 @@ def _capabilities(fn: Any) -> set[str]:
     return {c for mark in getattr(fn, "pytestmark", []) if mark.name == "loadspec_capability" for c in mark.args}
 
 
-def _run_suites(adapter: Any) -> dict[str, str]:
-    """Each in-process kit test the adapter declares enough for, run on it: test name -> failure message."""
+def _run_suites(adapter: Any, select: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Each in-process kit test the adapter declares enough for (``select``: of those named), run on it: test name ->
+    failure message."""
     failures: dict[str, str] = {}
     for suite in SUITES:
         for name, fn in inspect.getmembers(suite, inspect.isfunction):
             if not name.startswith("test_") or not _capabilities(fn) <= adapter.capabilities:
+                continue
+            if select is not None and name not in select:
                 continue
             try:
                 apply_kit_budget(fn)(loadspec_adapter=adapter)
@@ -94,6 +108,46 @@ def test_a_rank_0_that_checkpoints_the_furthest_rank_fails_only_when_the_last_ra
     message = failures[test]
     assert message.startswith("[RES-6] rank 0 wrote its state after "), message
     assert "was one batch ahead" in message and "the state counts another rank's batches, not rank 0's" in message
+
+
+def test_a_global_state_that_is_each_ranks_own_fails_when_a_rank_is_ahead():
+    """Only the test that skews every example (the last rank ahead) is run: the variants' tests take seconds."""
+    test, _ = CATCHES["global_state_of_its_own_rank"]
+    failures = _run_suites(broken.global_state_of_its_own_rank(), (test,))
+    message = failures.get(test, "")
+    assert message.startswith("[RES-6] the adapter declares state:global, but rank(s) ["), failures
+    assert "returned a state other than rank 0's" in message
+
+
+def test_a_global_state_copied_from_rank_0_fails_when_the_last_rank_was_ahead_and_redoes_its_batch():
+    test, _ = CATCHES["global_state_copied_from_rank_0"]
+    failures = _run_suites(broken.global_state_copied_from_rank_0(), (test,))
+    message = failures.get(test, "")
+    assert message.startswith("[RES-6] the adapter declares state:global, and every rank returned {'ep': "), failures
+    assert "does not continue where it stood, so the state is not every rank's position" in message
+
+
+def test_a_global_state_copied_from_the_furthest_rank_fails_when_a_rank_behind_it_would_skip_its_batch():
+    test, _ = CATCHES["global_state_of_the_furthest_rank"]
+    failures = _run_suites(broken.global_state_of_the_furthest_rank(), (test,))
+    message = failures.get(test, "")
+    assert message.startswith("[RES-6] the adapter declares state:global, and every rank returned {'ep': "), failures
+    assert "was one batch ahead" in message and "does not continue where it stood" in message
+
+
+def test_a_declared_epoch_account_one_sample_over_what_the_loader_trains_fails_the_exact_loss_account():
+    test, _ = CATCHES["declares_one_sample_more_kept"]
+    message = _run_suites(broken.declares_one_sample_more_kept(), (test,)).get(test, "")
+    assert message.startswith("[PART-4] epoch 0 trained"), message
+    assert "the loader's end rule (PART-4)" in message and "1 sample lost" in message
+
+
+def test_a_declared_epoch_account_one_sample_under_what_the_loader_trains_fails_as_a_false_declaration():
+    test, _ = CATCHES["declares_one_sample_fewer_kept"]
+    message = _run_suites(broken.declares_one_sample_fewer_kept(), (test,)).get(test, "")
+    assert message.startswith("[PART-4] epoch 0 trained"), message
+    assert "but the adapter declares (epoch_coverage)" in message
+    assert "the declared account is not the loader's (1 more trained than declared)" in message
 
 
 def test_every_broken_variant_is_a_factory_of_the_examples_module_with_the_test_that_catches_it():

@@ -371,6 +371,38 @@ def _continue(adapter, corpus, config, topology: Topology, states: list[Any], wo
     return batches
 
 
+def _check_global_cut(adapter, corpus, config, topology: Topology, states: list[Any], rests: list[list[list[Any]]],
+                      taken: list[list[list[Any]]], ahead: int, workdir: Path, repro: dict[str, Any]) -> None:
+    """Fail unless the global ``states`` (saved while rank ``ahead`` was a batch ahead), restored on their own
+    ``topology``, resume every rank exactly where it stood: its own rest of the epoch (``rests``), no batch redone
+    or skipped (a refusal passes: it is explicit).
+
+    Why on the same topology: after a change of topology a redone batch is
+    trained twice, which the at-most-once account sees, but a skipped one is
+    lost within the end policy's allowance (fewer than a global batch); here
+    the rest of each rank's stream is known exactly, so a global state copied
+    from the furthest rank (an all-reduce of the maximum) fails as surely as
+    one copied from rank 0.
+    """
+    __tracebackhide__ = True
+    try:
+        resumed = _continue(adapter, corpus, config, topology, states, workdir)
+    except _LoadRaised as raised:
+        check(is_refusal(adapter, raised.exc), clause="RES-6",
+              what=f"loading the global state on {topology}, the topology that saved it, raised "
+                   f"{type(raised.exc).__name__}: {raised.exc}, which the adapter does not count as a refusal",
+              repro=repro)
+        return
+    for r, rest in enumerate(rests):   # past a rank's rest a loader may begin epoch 1: compare only the rest
+        diff = _first_difference(resumed[r][:len(rest)], rest)
+        check(diff is None, clause="RES-6",
+              what=f"the adapter declares state:global, and every rank returned {states[0]!r} while rank {ahead} "
+                   f"was one batch ahead ({len(taken[ahead])} taken, the others {len(taken[1 if ahead == 0 else 0])}); "
+                   f"restored on the same {topology}, rank {r} (which had taken {len(taken[r])}) does not continue "
+                   f"where it stood, so the state is not every rank's position: first difference (step after the "
+                   f"checkpoint, row, resumed, uninterrupted): {diff}", repro=repro)
+
+
 def _topology_change(adapter, corpus, config, before: Topology, after: Topology, *, k: int, restore: str,
                      ahead: int | None, repro: dict[str, Any]) -> None:
     """Take ``k`` steps on ``before`` (rank ``ahead`` one more), checkpoint, continue on ``after``; grade the epoch.
@@ -390,11 +422,15 @@ def _topology_change(adapter, corpus, config, before: Topology, after: Topology,
             taken = [[list(b) for b in itertools.islice(it, k + (1 if r == ahead else 0))]
                      for r, it in enumerate(iterators)]
             states = [json.loads(json.dumps(ld.state_dict())) for ld in loaders]
+            # each rank's own rest of the epoch, which a global state must resume on this topology
+            rests = [[list(b) for b in it] for it in iterators] if global_state and ahead is not None else None
             del iterators      # a partly read iterator's DataLoader workers stop now, not when the workdir is gone
         if global_state:       # rank 0's copy is every rank's own position: no rank redoes or skips a batch
             differ = [r for r, state in enumerate(states) if state != states[0]]
             check(not differ, clause="RES-6", what=f"the adapter declares state:global, but rank(s) {differ} "
                                                    f"returned a state other than rank 0's", repro=repro)
+            if rests is not None:
+                _check_global_cut(adapter, corpus, config, before, states, rests, taken, ahead, Path(tmp), repro)
             ahead = None
         cut = len(taken[0])    # rank 0's count: a rank ahead of it redoes the batches past it
         trained = pair_counts(_rows([b[:cut] if ahead is not None else b for b in taken]), epoch=0)

@@ -70,8 +70,9 @@ from __future__ import annotations
 import contextlib
 import pickle
 import traceback
+import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -110,7 +111,7 @@ class ElasticLoader:
         self._epoch, self._consumed = sampler.position()
         self._generation = 0
         self._live: Generator[Any, None, None] | None = None
-        sampler.position = self.position
+        sampler.position = _LoaderPosition(self)   # weak: the loader, its dataset and their files free at once
 
     # ------------------------------------------------------------ position
 
@@ -159,6 +160,21 @@ class ElasticLoader:
         if epoch != self._epoch:
             self._take_over()
             self._epoch, self._consumed = epoch, 0
+
+    def close(self) -> None:
+        """End the live iterator (its workers exit, their pipes and shared memory are released); idempotent.
+
+        The dataset is the caller's: close it too when done with it
+        (:meth:`impl.dataset.PackedDataset.close`). The loader stays usable:
+        the next ``iter()`` starts where the state says, with new workers.
+        """
+        self._take_over()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _take_over(self) -> int:
         """A new position or pass: the live iterator (if any) is closed and will yield nothing more."""
@@ -257,6 +273,22 @@ class ElasticLoader:
 
 
 _END = object()
+
+
+class _LoaderPosition:
+    """The sampler's ``position``: its loader's, through a weak reference (a bound method would make a cycle)."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self, loader: ElasticLoader) -> None:
+        self.loader = weakref.ref(loader)
+
+    def __call__(self) -> tuple[int, int]:
+        loader = self.loader()
+        if loader is None:
+            raise StateError("the ElasticLoader this sampler belongs to was dropped; iterate the loader "
+                             "(build_dataloader(...)), not loader.sampler")
+        return loader.position()
 
 
 class WorkerFailure:

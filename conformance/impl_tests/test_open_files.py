@@ -19,11 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from conformance.adapter import close
+from conformance.adapters.impl import ImplAdapter
 from impl.dataset import PackedDataset
 from impl.errors import StoreError
 from impl.loader import build_dataloader
 from impl.mixed_dataset import MixedDataset
 from impl.store import TokenStore
+from reference.packing import PackingConfig
+from reference.resume import PipelineConfig, Topology
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc (Linux)")
 
@@ -133,6 +137,16 @@ def test_closing_a_mixture_closes_the_stores_its_sources_opened(tmp_path):
         assert open_under(tmp_path) != (0, 0)
     assert open_under(tmp_path) == (0, 0)
     assert all(source.store.closed for source in sources)
+
+
+def test_the_impl_adapters_closed_loaders_hold_no_file_of_their_store_while_still_referenced(tmp_path):
+    config = PipelineConfig(packing=PackingConfig(seq_len=8), end="drop_last")
+    loaders = [ImplAdapter().build(CORPUS, config, Topology(world_size=2, rank=r, batch_size=1), workdir=tmp_path)
+               for r in range(2)]
+    assert all(list(loader) for loader in loaders)
+    assert open_under(tmp_path) != (0, 0)
+    close(*loaders)
+    assert open_under(tmp_path) == (0, 0)
 
 
 def test_an_eval_set_built_in_this_process_leaves_no_token_file_open(tmp_path, no_cyclic_gc):

@@ -231,22 +231,35 @@ def unsupported(adapter: Any, corpus: Corpus, config: PipelineConfig, topology: 
 
 
 def close(*loaders: Any) -> None:
-    """Call ``close()`` on every built loader that has one (after each example)."""
-    for ld in loaders:
-        fn = getattr(ld, "close", None) or getattr(getattr(ld, "loader", None), "close", None)
-        if fn is not None:
-            fn()
+    """Call ``close()`` on every built loader that has one (after each example), each even when one before raised.
+
+    Why the kit closes: a suite builds thousands of loaders in one process;
+    one whose files (mapped stores, worker pipes) wait for the garbage
+    collector holds them long after its example's directory is deleted.
+    The first exception is raised once every loader was closed.
+    """
+    with contextlib.ExitStack() as stack:
+        for ld in loaders:
+            fn = getattr(ld, "close", None) or getattr(getattr(ld, "loader", None), "close", None)
+            if fn is not None:
+                stack.callback(fn)
 
 
 class RowLoader:
     """A loader whose batches are converted to canonical rows; state calls pass straight through.
 
     Adapters wrap their loader in this with the one function that knows its batch format.
+    ``closes``: what the adapter built for this loader alone and must release with it (its
+    dataset, a store it opened), closed by :meth:`close` after the loader, last built first::
+
+        RowLoader(build_dataloader(dataset), to_rows, closes=(dataset,))
     """
 
-    def __init__(self, loader: Any, to_rows: Callable[[Any], list[CanonicalRow]]) -> None:
+    def __init__(self, loader: Any, to_rows: Callable[[Any], list[CanonicalRow]], *,
+                 closes: tuple[Any, ...] = ()) -> None:
         self.loader = loader
         self.to_rows = to_rows
+        self.closes = closes
 
     def __iter__(self) -> Iterator[list[CanonicalRow]]:
         for batch in self.loader:
@@ -262,9 +275,15 @@ class RowLoader:
         self.loader.set_epoch(epoch)
 
     def close(self) -> None:
-        fn = getattr(self.loader, "close", None)
-        if fn is not None:
-            fn()
+        """Close the loader, then everything in ``closes`` (each that has a ``close()``), each even if one raises."""
+        with contextlib.ExitStack() as stack:
+            for thing in self.closes:   # an ExitStack runs its callbacks last in, first out: the loader first
+                fn = getattr(thing, "close", None)
+                if fn is not None:
+                    stack.callback(fn)
+            fn = getattr(self.loader, "close", None)
+            if fn is not None:
+                stack.callback(fn)
 
 
 def required_capabilities(config: PipelineConfig, topology: Topology | None = None,

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from conformance import strategies as ls
-from conformance.adapter import CanonicalRow, LoaderAdapter, required_capabilities
+from conformance.adapter import CanonicalRow, LoaderAdapter, close, required_capabilities
 from conformance.assertions import assert_equal, assert_exactly_once, check
 from reference.packing import Sample
 from reference.partition import PADDING, PartitionConfig, advance, rank_batch, steps_in_epoch
@@ -169,9 +169,16 @@ class LoaderMachine(RuleBasedStateMachine):
         self.log: list[str] = []
 
     def teardown(self) -> None:
+        try:
+            self._close_loaders()
+        finally:
+            self._tmp.cleanup()
+
+    def _close_loaders(self) -> None:
+        """Close the loaders built so far (their files and workers), before a rebuild and at teardown."""
         self.iterators = []
-        self.loaders = []
-        self._tmp.cleanup()
+        loaders, self.loaders = self.loaders, []
+        close(*loaders)
 
     # ------------------------------------------------------------ model helpers
 
@@ -197,8 +204,7 @@ class LoaderMachine(RuleBasedStateMachine):
         return epoch, consumed
 
     def _build(self, topology: Topology, state: dict[str, Any] | None) -> None:
-        self.iterators = []
-        self.loaders = []
+        self._close_loaders()
         self.topology = topology
         self.loaders = [self.adapter.build(self.corpus, self.config, t, workdir=self.workdir) for t in _ranks(topology)]
         if state is not None:

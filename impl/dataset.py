@@ -51,9 +51,11 @@ Worked example::
 from __future__ import annotations
 
 import collections
+import functools
 import os
+import weakref
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import numpy as np
 import torch
@@ -62,7 +64,7 @@ from torch.utils.data import Dataset
 from impl._arrays import distinct_ints
 from impl.collation import SampleBatch, batch_cu_seqlens, sample_cu_seqlens
 from impl.epoch_cell import SharedEpoch
-from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, is_integer, require
+from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, StoreError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
@@ -141,6 +143,18 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     ``seq_len``, plus one, is the reference's list).
 
     Build from a ``PipelineConfig`` with :meth:`from_config`.
+
+    Files: :meth:`close` (or the end of a ``with`` block) unmaps the
+    dataset's cached plans and closes the store when the dataset opened it
+    itself (``store`` given as a path); a :class:`~impl.store.TokenStore`
+    passed in stays open, its owner closes it. A dataset dropped without
+    ``close()`` releases the same when it is garbage-collected. A DataLoader
+    worker maps its own copy's files; they go with the worker::
+
+        >>> with PackedDataset("/data/store", seq_len=2048) as ds:            # doctest: +SKIP
+        ...     batch = ds.samples(0, [0, 1])
+        >>> ds.store.closed                                                  # doctest: +SKIP
+        True
     """
 
     # ------------------------------------------------------------ construction
@@ -181,6 +195,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             split=split,
         )
         self._setup(opened, config, cache_dir, epoch, predownload)
+        self._own(opened if opened is not store else None)
 
     @classmethod
     def from_config(cls, store: TokenStore | SplitStore | str | os.PathLike[str], config: PipelineConfig, *,
@@ -203,6 +218,7 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
             check_bounded(name, value)
         self = cls.__new__(cls)
         self._setup(opened, config, cache_dir, epoch, predownload)
+        self._own(opened if opened is not store else None)
         return self
 
     def _setup(self, store: TokenStore | SplitStore, config: PipelineConfig, cache_dir: Any, epoch: int,
@@ -323,13 +339,42 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_source", "_plans", "_orders", "_doc_files", "_ahead_memo"):
+        for name in ("_source", "_plans", "_orders", "_doc_files", "_ahead_memo", "_finalizer"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset_memory()
+        self._own(self.__dict__.get("_owned_store"))   # the copy owns the store it reopened
+
+    # ------------------------------------------------------------ files
+
+    def _own(self, store: Any) -> None:
+        """Close ``store`` (one this dataset opened, or None) in :meth:`close`, or when the dataset is collected."""
+        self._owned_store = store
+        if store is not None:
+            self._finalizer = weakref.finalize(self, store.close)
+            self._finalizer.atexit = False
+
+    def close(self) -> None:
+        """Unmap this dataset's cached plans and close the store it opened itself (idempotent).
+
+        A store passed in as a :class:`~impl.store.TokenStore` (or a split
+        of one) is left open: whoever opened it closes it, and the dataset
+        reads on, mapping its plans again when asked. Reading from a dataset
+        whose own store is closed raises :class:`~impl.errors.StoreError`.
+        """
+        self._reset_memory()
+        finalizer = self.__dict__.get("_finalizer")
+        if finalizer is not None:
+            finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------ epochs and sizes
 
@@ -393,7 +438,10 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         if plan is not None:
             self._plans.move_to_end(epoch)
             return plan
-        plan = self._plan_cache.load_or_compute(self._plan_entry(epoch), lambda: self.compute_plan(epoch))
+        # The plan keeps ``compute`` (to recover from a corrupt cached block): a weak reference, so the dataset,
+        # its plans and its store's mapped files are freed when the last user reference goes, not at the next gc.
+        compute = functools.partial(_compute_plan, weakref.ref(self), epoch)
+        plan = self._plan_cache.load_or_compute(self._plan_entry(epoch), compute)
         if self._fixed_samples is not None and plan.num_samples != self._fixed_samples:
             raise StoreCorruptError(
                 f"token store {self.store.path}: {META_FILE} counts ({self.store.num_documents} documents, "
@@ -567,6 +615,15 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         """
         return SampleBatch({name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
                             for name, value in self._batch(keys).items()})
+
+
+def _compute_plan(dataset: weakref.ref[PackedDataset], epoch: int) -> PackPlan:
+    """``dataset().compute_plan(epoch)``: how a plan recomputes itself without keeping its dataset alive."""
+    ds = dataset()
+    if ds is None:
+        raise StoreError("the PackedDataset this epoch plan belongs to was dropped; keep a reference to the dataset "
+                         "while reading its plans")
+    return ds.compute_plan(epoch)
 
 
 def check_bounded(name: str, value: Any) -> None:

@@ -145,9 +145,9 @@ def _error_class(exc: BaseException) -> type[LoadspecError]:
 def _build_local(dataset: Any, tokenizer: Any, kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     from impl.hf import HuggingFaceDataset
 
-    ds = HuggingFaceDataset(dataset, tokenizer, **kwargs)
-    rows = ds.samples(0, np.arange(len(ds), dtype=np.int64))
-    return {name: torch.from_numpy(np.ascontiguousarray(rows[name], dtype=np.int64)) for name in FIELDS}
+    with HuggingFaceDataset(dataset, tokenizer, **kwargs) as ds:   # the tensors are copies: its files close here
+        rows = ds.samples(0, np.arange(len(ds), dtype=np.int64))
+        return {name: torch.from_numpy(np.ascontiguousarray(rows[name], dtype=np.int64)) for name in FIELDS}
 
 
 def _seconds(value: Any, name: str) -> float:

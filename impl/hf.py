@@ -206,6 +206,7 @@ class HuggingFaceDataset(PackedDataset):
     ``doc_ids``, ``position_ids``, ... as ``PackedDataset`` serves them.
     Raises ``EmptyDataError`` when the split holds fewer than
     ``seq_len + 1`` tokens (no full window), or only empty texts.
+    The store is this dataset's own: :meth:`close` (or ``with``) closes it.
 
     >>> ds = HuggingFaceDataset(split_ds, tok, seq_len=2048, cache_dir="cache")   # doctest: +SKIP
     >>> loader = build_dataloader(ds, batch_size=8)                                # doctest: +SKIP
@@ -223,3 +224,4 @@ class HuggingFaceDataset(PackedDataset):
         _refuse_empty(store, seq_len, text_field)
         super().__init__(store, seq_len=seq_len, packing="chunk", shuffle=shuffle, seed=seed, window=window,
                          cache_dir=Path(cache_dir) / "plans")
+        self._own(store)   # the store this class built or found under cache_dir: close() closes it

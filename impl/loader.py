@@ -72,7 +72,7 @@ import pickle
 import traceback
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -118,7 +118,7 @@ class ElasticLoader:
         self._epoch, self._consumed = sampler.position()
         self._generation = 0
         self._live: weakref.ref[Generator[Any, None, None]] | None = None
-        sampler.position = self.position
+        sampler.position = _LoaderPosition(self)   # weak: the loader, its dataset and their files free at once
 
     # ------------------------------------------------------------ position
 
@@ -168,6 +168,22 @@ class ElasticLoader:
             self._take_over()
             self._epoch, self._consumed = epoch, 0
 
+    def close(self) -> None:
+        """End the live iterator (its workers exit, their pipes and shared memory are released); idempotent.
+
+        The position is kept: ``state_dict()`` is unchanged and the next
+        ``iter()`` continues from it, with new workers (e.g. an evaluation
+        loader cut short). The dataset is the caller's: close it too when
+        done with it (:meth:`impl.dataset.PackedDataset.close`).
+        """
+        self._take_over()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _take_over(self) -> int:
         """A new position or pass: the live iterator (if any) is closed and will yield nothing more."""
         self._generation += 1
@@ -210,15 +226,6 @@ class ElasticLoader:
         live = self._run(generation)
         self._live = weakref.ref(live)
         return live
-
-    def close(self) -> None:
-        """End the live pass now: its DataLoader worker processes exit here; the position is kept.
-
-        ``state_dict()`` is unchanged, and the next ``iter()`` continues from
-        the same position (with new workers). Call it when a loader is done
-        with before its epoch ended, e.g. an evaluation loader cut short.
-        """
-        self._take_over()
 
     def _run(self, generation: int) -> Generator[Any, None, None]:
         epoch, consumed = self._epoch, self._consumed
@@ -276,6 +283,22 @@ class ElasticLoader:
 
 
 _END = object()
+
+
+class _LoaderPosition:
+    """The sampler's ``position``: its loader's, through a weak reference (a bound method would make a cycle)."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self, loader: ElasticLoader) -> None:
+        self.loader = weakref.ref(loader)
+
+    def __call__(self) -> tuple[int, int]:
+        loader = self.loader()
+        if loader is None:
+            raise StateError("the ElasticLoader this sampler belongs to was dropped; iterate the loader "
+                             "(build_dataloader(...)), not loader.sampler")
+        return loader.position()
 
 
 class WorkerFailure:

@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -114,6 +114,13 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
     dataset twice or overlapping splits of one store (MIX-17), unless
     ``allow_repeat=True`` says the repeat is intended (it does not enter
     the fingerprint: it changes no sample).
+
+    Files: the mixture holds its sources; :meth:`close` (or the end of a
+    ``with`` block) unmaps its cached plans and closes every source that
+    has a ``close()`` (a ``PackedDataset`` opened from a path closes its
+    store), so a mixture rebuilt at a resume leaves no file open. A source
+    shared with another dataset that outlives the mixture: close the
+    mixture only when that one is done too.
 
     >>> mixed = MixedDataset([web, code], weights=(0.7, 0.3), stopping="all_exhausted", seed=1)   # doctest: +SKIP
     >>> loader = build_dataloader(mixed, batch_size=8, rank=rank, world_size=world)              # doctest: +SKIP
@@ -254,6 +261,24 @@ class MixedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         state["_plans"] = collections.OrderedDict()
         state["_ahead_memo"] = collections.OrderedDict()
         return state
+
+    # ------------------------------------------------------------ files
+
+    def close(self) -> None:
+        """Unmap the cached plans and close every source that has a ``close()`` (idempotent if theirs are)."""
+        self._plans = collections.OrderedDict()
+        self._ahead_memo = collections.OrderedDict()
+        self._pieces = MixedPieces(self.sources, PIECE_BLOCK)   # drops the sources' concatenated token source
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------ plans and sizes
 

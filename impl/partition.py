@@ -36,6 +36,7 @@ Worked example (S = 10 samples, 2 ranks, B = 2, so G = 4)::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -132,6 +133,12 @@ def group_batch(consumed: int, num_samples: int, config: PartitionConfig, group:
         return []
     first = consumed + group * share
     return list(range(first, first + share))
+
+
+def _dataset_epoch(dataset: Any) -> tuple[int, int]:
+    """``(dataset.epoch, 0)``: where a sampler without a loader starts (epoch 0 when the dataset has none)."""
+    epoch = getattr(dataset, "epoch", 0)
+    return (int(epoch) if is_int(epoch) and epoch >= 0 else 0), 0
 
 
 def _check_position(consumed: int, num_samples: int) -> None:
@@ -239,11 +246,9 @@ class ElasticSampler:
         self.dataset = dataset
         self.rank = rank
         self.group = rank // replication
-        self.position: Position = position or self._dataset_epoch
-
-    def _dataset_epoch(self) -> tuple[int, int]:
-        epoch = getattr(self.dataset, "epoch", 0)
-        return (int(epoch) if is_int(epoch) and epoch >= 0 else 0), 0
+        # Not a bound method of self: a sampler that referred to itself would be freed (with its dataset's
+        # mapped files) only by the cyclic garbage collector.
+        self.position: Position = position or functools.partial(_dataset_epoch, dataset)
 
     def num_samples(self, epoch: int) -> int:
         return int(self.dataset.num_samples(epoch))

@@ -30,9 +30,10 @@ import bisect
 import itertools
 import operator
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -117,6 +118,18 @@ class TokenStore:
     each a binary search over files and a slice of a mapped buffer. Opening
     reads ``meta.json`` and stats each file, so its cost does not grow with
     the number of tokens (:mod:`impl.store_files` maps a file on first use).
+
+    Files: each mapped token file and CRC table holds one file descriptor
+    until :meth:`close`, the end of a ``with`` block, or the store being
+    garbage-collected (a ``weakref.finalize``), whichever comes first; a
+    job that opens stores repeatedly (an eval set each epoch, a resume)
+    should close each, as a file deleted meanwhile keeps its disk space
+    while it is mapped::
+
+        >>> with TokenStore.open("/tmp/demo-store") as store:             # doctest: +SKIP
+        ...     first = store[0]
+        >>> store.closed                                                 # doctest: +SKIP
+        True
     """
 
     # ------------------------------------------------------------ construction
@@ -151,6 +164,9 @@ class TokenStore:
         self._blocks = self._maps.blocks
         self._doc_offsets: np.ndarray | None = None
         self._lengths: np.ndarray | None = None
+        #: Unmaps the files when this object is collected without close() (the maps hold no reference back to it).
+        self._finalizer = weakref.finalize(self, StoreFiles.close, self._maps)
+        self._finalizer.atexit = False
 
     def _require_open(self) -> None:
         self._maps.require_open()
@@ -575,10 +591,18 @@ class TokenStore:
         ``fingerprint``, counts) stays readable; every accessor that needs a
         token file raises ``StoreError("token store ... is closed; open it
         again with TokenStore.open(...)")``. A pickled closed store reopens.
+        The file descriptors go with the mappings: at once, unless a view
+        handed out still holds its file's mapping (then with the last view).
         """
-        self._maps.close()
+        self._finalizer()
         self._doc_offsets = None
         self._lengths = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __reduce__(self) -> tuple[Any, tuple[str, str, FileAccess]]:
         # Processes (e.g. DataLoader workers under spawn) get the path, fingerprint and file access,

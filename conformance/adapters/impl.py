@@ -10,7 +10,9 @@ tests.
 
 Stores are cached by a hash of the corpus's canonical JSON inside the
 workdir, so the ranks of one topology (and repeated builds in one test)
-share one store.
+share one store's files; each loader's dataset opens the store itself, and
+closing the loader (the kit does, after each example) closes the dataset and
+so unmaps the store's files and plans.
 
 ``adapter()`` is the default ``--loader``. ``ImplAdapter(dataset_factory=...)``
 swaps the dataset (for example ``conformance.stateful.ReferenceDataset``) to
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.adapter import CAPABILITIES, CanonicalRow, RowLoader
-from impl.errors import ConfigError, StateError, require
+from impl.errors import ConfigError, StateError
 from impl.loader import build_dataloader
 from reference.resume import Corpus, PipelineConfig, Topology, canonical_json, pipeline_fingerprint
 
@@ -92,13 +94,14 @@ def build_packed_dataset(corpus: Corpus, config: PipelineConfig, workdir: Path) 
     from impl.errors import EmptyDataError
     from reference.packing import num_samples
 
-    store = build_store(corpus, workdir)
+    with build_store(corpus, workdir) as store:   # the dataset opens it itself, so its close() closes it
+        path, store_fingerprint = store.path, store.fingerprint
     try:
-        dataset = PackedDataset.from_config(store, config, cache_dir=Path(workdir) / "plans")
+        dataset = PackedDataset.from_config(path, config, cache_dir=Path(workdir) / "plans")
     except EmptyDataError:
         lengths = [len(doc) for f in corpus for doc in f]
         if not num_samples(lengths, config.packing):
-            return _NoSamples(pipeline_fingerprint(store.fingerprint, config))
+            return _NoSamples(pipeline_fingerprint(store_fingerprint, config))
         p = config.packing
         prepared = [n + p.add_bos + p.add_eos for n in lengths]
         if all(m <= 1 for m in prepared if m > 0 and m >= p.min_len):
@@ -108,8 +111,10 @@ def build_packed_dataset(corpus: Corpus, config: PipelineConfig, workdir: Path) 
 
             reject()
         raise
-    require(dataset.config == config, ConfigError,
-            f"PackedDataset built for {config} reports config {dataset.config}: it cannot express this pipeline")
+    if dataset.config != config:
+        dataset.close()
+        raise ConfigError(f"PackedDataset built for {config} reports config {dataset.config}: it cannot express "
+                          "this pipeline")
     return dataset
 
 
@@ -132,10 +137,16 @@ class ImplAdapter:
 
     def build(self, corpus: Corpus, config: PipelineConfig, topology: Topology, *, workdir: Path) -> RowLoader:
         dataset = self.dataset_factory(corpus, config, Path(workdir))
-        loader = build_dataloader(dataset, batch_size=topology.batch_size, rank=topology.rank,
-                                  world_size=topology.world_size, replication=topology.replication, end=config.end,
-                                  num_workers=topology.num_workers, allow_empty_epoch=True)
-        return RowLoader(loader, rows_from_batch)
+        try:
+            loader = build_dataloader(dataset, batch_size=topology.batch_size, rank=topology.rank,
+                                      world_size=topology.world_size, replication=topology.replication,
+                                      end=config.end, num_workers=topology.num_workers, allow_empty_epoch=True)
+        except BaseException:
+            close = getattr(dataset, "close", None)
+            if close is not None:
+                close()
+            raise
+        return RowLoader(loader, rows_from_batch, closes=(dataset,))
 
 
 def adapter() -> ImplAdapter:

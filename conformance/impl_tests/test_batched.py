@@ -194,16 +194,17 @@ def test_gather_copies_runs_of_several_files_into_their_places(path, monkeypatch
 
 
 def keys_strategy(ds: PackedDataset, epochs=(0, 1, 2)):
-    key = st.sampled_from(epochs).flatmap(
-        lambda e: st.builds(SampleKey, st.just(e), st.integers(-1, ds.num_samples(e) - 1)))
+    # Sizes, not the dataset, in the strategy: hypothesis caches strategies (and what their functions
+    # refer to) across examples, which would keep every example's dataset and its mapped files.
+    sizes = {e: ds.num_samples(e) for e in epochs}
+    key = st.sampled_from(epochs).flatmap(lambda e: st.builds(SampleKey, st.just(e), st.integers(-1, sizes[e] - 1)))
     return st.lists(st.one_of(key, key, st.integers(-len(ds), len(ds) - 1)), min_size=1, max_size=10)
 
 
 @pytest.mark.clause("PACK-20", "RES-1", "RES-5", "PART-5", "COLL-8")
 @given(corpus=ls.corpora(), config=ls.pipeline_configs(CAPABILITIES), data=st.data())
 def test_getitems_of_any_key_list_equals_collate_of_getitem_of_each_key(corpus, config, data):
-    with tempfile.TemporaryDirectory() as tmp:
-        store = make_store(corpus, Path(tmp) / "store")
+    with tempfile.TemporaryDirectory() as tmp, make_store(corpus, Path(tmp) / "store") as store:
         try:
             ds = PackedDataset.from_config(store, config, cache_dir=Path(tmp) / "cache", epoch=1)
         except EmptyDataError:

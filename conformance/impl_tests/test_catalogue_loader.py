@@ -10,6 +10,8 @@ DataLoader worker.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from conformance.assertions import assert_equal, assert_raises_typed, check
@@ -23,9 +25,10 @@ SEQ_LEN = 4
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> TokenStore:
+def store(tmp_path_factory) -> Iterator[TokenStore]:
     docs = [[list(range(10 * d + 1, 10 * d + 2 + d % 5)) for d in range(f * 8, f * 8 + 8)] for f in range(2)]
-    return TokenStore.from_token_files(docs, tmp_path_factory.mktemp("catalogue") / "store", vocab_size=200)
+    with TokenStore.from_token_files(docs, tmp_path_factory.mktemp("catalogue") / "store", vocab_size=200) as store:
+        yield store
 
 
 @pytest.fixture

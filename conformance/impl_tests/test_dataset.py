@@ -353,6 +353,7 @@ def test_a_corrupted_cache_file_is_recomputed_never_trusted(workdir, corrupt):
     original = ds.compute_plan
     ds.compute_plan = lambda epoch: calls.append(epoch) or original(epoch)
     check_all_epochs(ds, CORPUS, config, epochs=(2,))
+    del ds.compute_plan   # the wrapper refers to ds (a cycle): ds and its files go when the test ends, not at a gc
     assert_equal(calls, [2], clause="PACK-20", what=f"recomputations after {corrupt.__name__}")
     fresh = PackedDataset.from_config(store, config, cache_dir=workdir / "cache")
     fresh.compute_plan = lambda epoch: pytest.fail("the rewritten cache should be valid")

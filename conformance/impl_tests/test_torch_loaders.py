@@ -11,7 +11,7 @@ worker processes.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,9 +30,10 @@ BATCH = 3
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> TokenStore:
+def store(tmp_path_factory) -> Iterator[TokenStore]:
     docs = [[list(range(100 * f + d * 7 + 1, 100 * f + d * 7 + 5 + d)) for d in range(6)] for f in range(3)]
-    return TokenStore.from_token_files(docs, tmp_path_factory.mktemp("torch-loaders") / "store", vocab_size=400)
+    with TokenStore.from_token_files(docs, tmp_path_factory.mktemp("torch-loaders") / "store", vocab_size=400) as store:
+        yield store
 
 
 @pytest.fixture(params=["packed", "mixed"])

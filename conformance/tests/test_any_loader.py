@@ -68,6 +68,9 @@ class Built:
         except Unsupported:
             close(*self.loaders)
             reject()
+        except BaseException:   # a build that raises: the ranks built before it are closed all the same
+            close(*self.loaders)
+            raise
 
     def __enter__(self) -> list[Any]:
         return self.loaders

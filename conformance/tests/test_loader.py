@@ -7,6 +7,7 @@ declared capabilities; tests that need more are skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -16,7 +17,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from conformance import strategies as ls
-from conformance.adapter import CanonicalRow, required_capabilities
+from conformance.adapter import CanonicalRow, close, required_capabilities
 from conformance.assertions import assert_equal, assert_exactly_once, assert_raises_typed, check
 from reference.errors import StateError
 from reference.loader import ReferenceLoader, take
@@ -35,6 +36,13 @@ def _reference_epochs(corpus, config: PipelineConfig, t: Topology, epochs: int =
     return [[[CanonicalRow.from_reference(r) for r in batch] for batch in loadspec_adapter] for _ in range(epochs)]
 
 
+def _build(stack: contextlib.ExitStack, adapter, corpus, config, topology, *, workdir):
+    """``adapter.build(...)``, closed when ``stack`` exits (before the example's directory is deleted)."""
+    loader = adapter.build(corpus, config, topology, workdir=workdir)
+    stack.callback(close, loader)
+    return loader
+
+
 def _repro(corpus, config, topology, **extra):
     return {"corpus": corpus, "config": config, "topology": topology, **extra}
 
@@ -49,9 +57,9 @@ def _supported(loadspec_adapter, config: PipelineConfig, topology: Topology | No
 def test_every_rank_batch_equals_the_reference_bit_for_bit(loadspec_adapter, corpus, data, topology):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     assume(_supported(loadspec_adapter, config, topology))
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
         for t in _rank_topologies(topology):
-            built = loadspec_adapter.build(corpus, config, t, workdir=Path(tmp))
+            built = _build(built_here, loadspec_adapter, corpus, config, t, workdir=Path(tmp))
             got = [list(b) for b in built]
             assert_equal(got, _reference_epochs(corpus, config, t)[0], clause="RES-1", what=f"rank {t.rank} batches of epoch 0",
                          repro=_repro(corpus, config, t))
@@ -63,8 +71,8 @@ def test_every_rank_batch_equals_the_reference_bit_for_bit(loadspec_adapter, cor
 def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loadspec_adapter, corpus, data, topology):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     assume(_supported(loadspec_adapter, config, topology) and config.end == "drop_last")
-    with tempfile.TemporaryDirectory() as tmp:
-        per_rank = [list(loadspec_adapter.build(corpus, config, t, workdir=Path(tmp))) for t in _rank_topologies(topology)]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
+        per_rank = [list(_build(built_here, loadspec_adapter, corpus, config, t, workdir=Path(tmp))) for t in _rank_topologies(topology)]
     steps = {len(b) for b in per_rank}
     check(len(steps) == 1, clause="PART-1", what=f"ranks ran different step counts {steps}: a collective would hang",
           repro=_repro(corpus, config, topology))
@@ -85,8 +93,8 @@ def test_ranks_together_see_every_sample_of_the_epoch_exactly_once(loadspec_adap
 def test_resuming_at_any_step_continues_the_uninterrupted_stream(loadspec_adapter, corpus, data, topology, k):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     assume(_supported(loadspec_adapter, config, topology))
-    with tempfile.TemporaryDirectory() as tmp:
-        make = lambda: loadspec_adapter.build(corpus, config, topology, workdir=Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
+        make = lambda: _build(built_here, loadspec_adapter, corpus, config, topology, workdir=Path(tmp))
         horizon = k + 6
         uninterrupted = take(make(), horizon)
         k = min(k, len(uninterrupted))
@@ -105,8 +113,8 @@ def test_resuming_at_any_step_continues_the_uninterrupted_stream(loadspec_adapte
 @given(corpus=ls.corpora(), data=st.data(), k=st.integers(0, 5))
 def test_state_is_small_json_with_version_and_fingerprint(loadspec_adapter, corpus, data, k):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
-    with tempfile.TemporaryDirectory() as tmp:
-        built = loadspec_adapter.build(corpus, config, Topology(), workdir=Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
+        built = _build(built_here, loadspec_adapter, corpus, config, Topology(), workdir=Path(tmp))
         take(built, k)
         state = built.state_dict()
     text = json.dumps(state)
@@ -121,9 +129,9 @@ def test_state_is_small_json_with_version_and_fingerprint(loadspec_adapter, corp
 def test_a_state_from_other_data_or_a_future_version_is_refused(loadspec_adapter, corpus, data):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     other = [[[t + 1 for t in doc] for doc in f] for f in corpus] + [[[7, 7, 7]]]
-    with tempfile.TemporaryDirectory() as tmp:
-        a = loadspec_adapter.build(corpus, config, Topology(), workdir=Path(tmp) / "a")
-        b = loadspec_adapter.build(other, config, Topology(), workdir=Path(tmp) / "b")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
+        a = _build(built_here, loadspec_adapter, corpus, config, Topology(), workdir=Path(tmp) / "a")
+        b = _build(built_here, loadspec_adapter, other, config, Topology(), workdir=Path(tmp) / "b")
         assert_raises_typed(StateError, b.load_state_dict, a.state_dict(), clause="RES-3",
                             what="loading a state of other data", mentions=["fingerprint"])
         future = dict(a.state_dict(), version=a.state_dict()["version"] + 1)
@@ -139,8 +147,8 @@ def test_resume_after_world_size_change_sees_every_sample_once(loadspec_adapter,
     drawn = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
     config = PipelineConfig(ordering=drawn.ordering, packing=drawn.packing, end="drop_last")
     total = len(ReferenceLoader(corpus, config).samples(0))
-    with tempfile.TemporaryDirectory() as tmp:
-        loaders = [loadspec_adapter.build(corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(before)]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
+        loaders = [_build(built_here, loadspec_adapter, corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(before)]
         iterators = [iter(ld) for ld in loaders]
         seen: list[int] = []
         for _ in range(k):
@@ -150,7 +158,7 @@ def test_resume_after_world_size_change_sees_every_sample_once(loadspec_adapter,
             seen += [row.sample_index for batch in step for row in batch]
         else:
             state = json.loads(json.dumps(loaders[0].state_dict()))
-            resumed = [loadspec_adapter.build(corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(after)]
+            resumed = [_build(built_here, loadspec_adapter, corpus, config, t, workdir=Path(tmp)) for t in _rank_topologies(after)]
             for ld in resumed:
                 ld.load_state_dict(state)
             seen += [row.sample_index for ld in resumed for batch in ld for row in batch]
@@ -168,9 +176,9 @@ def test_resume_after_world_size_change_sees_every_sample_once(loadspec_adapter,
 @given(corpus=ls.corpora(), data=st.data(), workers=st.integers(1, 2))
 def test_worker_count_does_not_change_the_stream(loadspec_adapter, corpus, data, workers):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = list(loadspec_adapter.build(corpus, config, Topology(batch_size=2), workdir=Path(tmp)))
-        with_workers = list(loadspec_adapter.build(corpus, config, Topology(batch_size=2, num_workers=workers), workdir=Path(tmp)))
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
+        plain = list(_build(built_here, loadspec_adapter, corpus, config, Topology(batch_size=2), workdir=Path(tmp)))
+        with_workers = list(_build(built_here, loadspec_adapter, corpus, config, Topology(batch_size=2, num_workers=workers), workdir=Path(tmp)))
     assert_equal(with_workers, plain, clause="RES-5", what=f"batches with num_workers={workers}",
                  repro={"corpus": corpus, "config": config})
 
@@ -180,8 +188,8 @@ def test_worker_count_does_not_change_the_stream(loadspec_adapter, corpus, data,
 @given(corpus=ls.corpora(min_documents=4), data=st.data())
 def test_the_next_epoch_follows_the_last_batch_of_the_previous_one(loadspec_adapter, corpus, data):
     config = data.draw(ls.pipeline_configs(loadspec_adapter.capabilities))
-    with tempfile.TemporaryDirectory() as tmp:
-        built = loadspec_adapter.build(corpus, config, Topology(), workdir=Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as built_here:
+        built = _build(built_here, loadspec_adapter, corpus, config, Topology(), workdir=Path(tmp))
         first = list(built)
         second = list(built)
     check(all(r.epoch == 0 for b in first for r in b), clause="RES-7", what="first pass yields epoch 0")

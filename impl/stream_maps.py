@@ -32,7 +32,9 @@ carry no document ends)::
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -40,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from impl.errors import ConfigError, MapError, StateError, is_int, require
-from impl.stream_lanes import LaneCursor, LaneSnapshot, is_kept_len, lane_json
+from impl.stream_lanes import LaneCursor, LaneSnapshot, buffer_key, is_kept_len, lane_json, lane_rows
 from reference.packing import IGNORE, PackingConfig
 from reference.stream_maps import MAP_LANE_KEYS, TOKENS, BatchedMap
 
@@ -49,12 +51,15 @@ __all__ = [
     "BatchedMap",
     "MapCursor",
     "RowMap",
+    "census_ahead",
+    "census_totals",
     "check_picklable",
     "count_samples",
     "make_map",
     "map_ids",
     "map_lane_json",
     "map_snapshots",
+    "mapped_remaining",
     "unmap_state",
     "with_map",
 ]
@@ -335,3 +340,98 @@ def count_samples(cursor: MapCursor, tokens: TokenSource, config: PackingConfig)
     while cursor.next_sample(tokens, config) is not None:
         n += 1
     return n
+
+
+_CENSUS: dict[str, int] = {}
+"""This process's census: a mapped lane's samples in one epoch order, by :func:`census_key` (STREAM-12)."""
+
+
+def _code_digest(function: Any) -> str:
+    """The map's code as far as it can be seen: the function's (or its class's ``__call__``) bytecode and constants.
+
+    Nested code (a comprehension, a lambda) is digested by its own bytecode,
+    not its repr, which holds a memory address that differs per process; a
+    set constant by its sorted items, as its order follows the hash seed.
+    """
+    def walk(code: Any) -> bytes:
+        consts = [walk(c) if hasattr(c, "co_code") else
+                  repr(sorted(map(repr, c)) if isinstance(c, frozenset) else c).encode() for c in code.co_consts]
+        return hashlib.sha256(b"\0".join([code.co_code, *consts])).digest()
+
+    target = function if hasattr(function, "__code__") else type(function).__call__
+    code = getattr(target, "__code__", None)
+    return "" if code is None else walk(code).hex()
+
+
+def census_key(fingerprint: str, fmap: BatchedMap, rows: np.ndarray, key: int, size: int) -> str:
+    """What a lane's mapped sample count depends on: the dataset (index, tokenizer, options with the map's name and
+    batch size), the map's code and pickled fields, and the lane's epoch order (its rows, buffer key and size)."""
+    try:
+        fields = hashlib.sha256(pickle.dumps(fmap.function)).hexdigest()
+    except (pickle.PicklingError, AttributeError, TypeError):     # such a map runs in-process only (check_picklable)
+        fields = ""
+    order = hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
+    text = json.dumps([fingerprint, _code_digest(fmap.function), fields, order, int(key), int(size)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def census_totals(keys: Mapping[int, str], known: dict[str, int], index_dir: str | None,
+                  count: Callable[[int], tuple[int, int]]) -> dict[int, int]:
+    """Each lane's samples in its epoch order (STREAM-12's census), mapping a lane only when no one has counted it.
+
+    Why: a mapped lane's outputs are known only by mapping it, and that is
+    the whole corpus per rank. A count is looked up in ``known`` (the
+    dataset's, which DataLoader workers receive with it), then this
+    process's, then ``index_dir`` (``<key>.census.json``, written
+    atomically); else ``count(lane)`` gives ``(samples before the lane's
+    snapshot, samples after it)``, mapping only the rest. Example: a second
+    epoch with the same order, or a second rank of the same corpus in one
+    process, maps no lane for its census.
+    """
+    out = {}
+    for lane, key in keys.items():
+        total = known.get(key, _CENSUS.get(key))
+        path = None if index_dir is None else os.path.join(index_dir, key[:40] + ".census.json")
+        if total is None and path is not None:
+            try:
+                with open(path) as f:
+                    saved = json.load(f)
+                if isinstance(saved, dict) and saved.get("key") == key and is_int(saved.get("samples")):
+                    total = int(saved["samples"])
+            except (OSError, ValueError):
+                pass
+        if total is None:
+            before, after = count(lane)
+            total = before + after
+            if path is not None:
+                from impl._atomic import atomic_write_json
+
+                os.makedirs(index_dir or ".", exist_ok=True)
+                atomic_write_json(path, {"key": key, "samples": total})
+        known[key] = _CENSUS[key] = out[lane] = total
+    return out
+
+
+def mapped_remaining(ds: Any, tokens: TokenSource, epoch: int, lanes: Mapping[int, MapSnapshot]) -> dict[int, int]:
+    """Each mapped lane's samples left from ``lanes`` (STREAM-12's census): its epoch total less its samples taken.
+
+    A lane resumes exactly (STREAM-21), so the samples after a snapshot are
+    the lane's total in its epoch order less the snapshot's ``samples``; the
+    total is counted once (:func:`census_totals`).
+    """
+    fp, size, p = ds.fingerprint, ds.config.shuffle_buffer_size, ds.config.packing
+    keys = {lane: census_key(fp, ds.batched_map, lane_rows(ds.windows(epoch, lane)),
+                             buffer_key(ds.config, epoch, lane), size) for lane in lanes}
+    totals = census_totals(keys, ds._census, ds.index_dir, lambda lane: (
+        int(lanes[lane][6]), count_samples(ds._cursor(epoch, lane, census=True, snap=lanes[lane]), tokens, p)))
+    return {lane: totals[lane] - int(snap[6]) for lane, snap in lanes.items()}
+
+
+def census_ahead(ds: Any) -> None:
+    """Count a mapped StreamingDataset's lanes before its DataLoader workers start (STREAM-12).
+
+    Why: each worker receives the dataset, counts included, so the census
+    runs once per rank rather than once in each of its K workers.
+    """
+    if ds.batched_map is not None and ds.world_size > 1:
+        ds._remaining(ds.row_tokens(), ds.epoch, ds.lanes)

@@ -82,9 +82,9 @@ from impl.stream_maps import (
     MAP_FRESH,
     MapCursor,
     check_picklable,
-    count_samples,
     map_lane_json,
     map_snapshots,
+    mapped_remaining,
     unmap_state,
     with_map,
 )
@@ -188,6 +188,7 @@ class StreamingDataset(LaneBatches):
         self._pass_total: int | None = None     # S of the pass this process runs, sent with its batches
         self.batched_map: BatchedMap | None = None     # set by map() (STREAM-20)
         self._lengths: np.ndarray | None = None
+        self._census: dict[str, int] = {}     # mapped lanes' counts (impl.stream_maps.census_totals)
         self._markers = False     # set by impl.stream_loader: its workers end their pass with a marker
         #: Units this process read to make samples (not the STREAM-12 census): the cost of a resume (STREAM-15).
         self.unit_reads = 0
@@ -200,8 +201,9 @@ class StreamingDataset(LaneBatches):
         """Bad lines ``on_error="skip"`` dropped, per file, among the units this process has read (STREAM-17).
 
         Each unit counts once however often it is read; the units read
-        include the census of ``world_size > 1`` (every unit), so there the
-        count is the whole source's. A DataLoader worker counts in its own
+        include the census of ``world_size > 1`` (every unit) when it reads
+        them, so there the count is the whole source's; a census already
+        counted (lengths under ``index_dir``, a map's counts) reads none. A DataLoader worker counts in its own
         process and warns there; under ``build_dataloader`` (``impl.stream_loader``)
         its counts also come with its batches, so this count in the training
         process is the total over its workers.
@@ -380,9 +382,7 @@ class StreamingDataset(LaneBatches):
             lengths = np.where(raw < 0, 0, raw + extra)     # -1: a skipped row, dropped (STREAM-17)
             return {lane: remaining_samples(self._cursor(epoch, lane, snap=snap), lambda g: int(lengths[g]), p)
                     for lane, snap in lanes.items()}
-        # a map's outputs are known only by mapping: the census maps every lane's rest once per pass
-        return {lane: count_samples(self._cursor(epoch, lane, census=True, snap=snap), tokens, p)
-                for lane, snap in lanes.items()}
+        return mapped_remaining(self, tokens, epoch, lanes)     # counted once and remembered (impl.stream_maps)
 
     def _steps_of(self, remaining: Mapping[int, int], num_workers: int) -> int:
         """STREAM-12: the minimum over ranks of the sum over workers of full batches."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,3 +60,35 @@ EOS = 50256
 def count_words(batch: dict[str, list[str]]) -> dict[str, list[int]]:
     """A 1:1 map adding a column and leaving the text as it is."""
     return {"words": [len(t.split()) for t in batch["text"]]}
+
+
+@dataclass(frozen=True)
+class CountCalls:
+    """Each text ``r`` times, counting in ``CALLS`` how often each input batch (its texts, in order) was mapped.
+
+    In-process only: a DataLoader worker counts in its own process.
+    """
+
+    r: int = 1
+
+    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[str]]:
+        CALLS[tuple(batch["text"])] += 1
+        return {"text": [t for t in batch["text"] for _ in range(self.r)]}
+
+
+CALLS: Counter[tuple[str, ...]] = Counter()
+
+
+@dataclass(frozen=True)
+class LogCalls:
+    """Each text once, appending each input batch it maps (its texts, tab-joined) as a line of ``path``.
+
+    Counts across processes: a DataLoader worker appends to the same file.
+    """
+
+    path: str
+
+    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[str]]:
+        with open(self.path, "a") as f:
+            f.write("\t".join(batch["text"]) + "\n")
+        return {"text": list(batch["text"])}

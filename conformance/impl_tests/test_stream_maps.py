@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections import Counter
 
 import pytest
 from hypothesis import given
@@ -205,3 +206,76 @@ def test_skipped_lines_are_left_out_of_the_map_s_batches_as_the_reference_leaves
             got = impl_rows(ds)
             assert got and got == ref_rows(ref)
             assert ds.skipped == {str(path): 3}
+
+
+def _census_corpus(tmp_path):
+    names, _ = write(_dir(tmp_path), [("jsonl", [[f"row {i} " + "w " * (i % 9) for i in range(60)]]),
+                                      ("jsonl", [[f"row {i} " + "v " * (i % 7) for i in range(60, 120)]])])
+    return names
+
+
+def _counted_pass(names, rank, world, index_dir=None):
+    """The input batches one pass of rank ``rank`` of ``world`` mapped, each with how often."""
+    from conformance.impl_tests import stream_map_fns
+
+    stream_map_fns.CALLS.clear()
+    ds = StreamingDataset(names, tokenizer=tokenizer()[0], seq_len=8, num_lanes=4, unit_bytes=300, batch_size=2,
+                          rank=rank, world_size=world, index_dir=index_dir)
+    mapped = ds.map(stream_map_fns.CountCalls(), batched=True, batch_size=4, name="count-v1")
+    assert sum(1 for _ in mapped) > 0
+    return dict(stream_map_fns.CALLS)
+
+
+@pytest.mark.clause("STREAM-12")
+@pytest.mark.clause("STREAM-20")
+def test_a_second_pass_of_the_same_epoch_order_maps_only_the_rank_s_own_input_batches_once(tmp_path):
+    """A mapped lane's census (STREAM-12) is counted once per epoch order, in the process and under ``index_dir``.
+
+    A first pass maps the other ranks' input batches once (to count them) and
+    its own at most twice (count, then serve); a second pass of the same
+    epoch order, in the same process or in a new one that reads
+    ``index_dir``, maps only the batches it serves, each once. Before: every
+    pass mapped every lane again for its census.
+    """
+    from impl import stream_maps
+
+    forget = getattr(stream_maps, "_CENSUS", {}).clear      # this process's counts
+    names = _census_corpus(tmp_path)
+    every = set(_counted_pass(names, 0, 1))       # one rank alone maps every lane's batches, each once
+    for world in (2, 4):
+        for rank in range(world):
+            index_dir = tmp_path / f"index-{world}-{rank}"
+            forget()          # this process has counted nothing yet
+            first = _counted_pass(names, rank, world, index_dir)
+            assert set(first) == every and max(first.values()) <= 2, f"rank {rank} of {world}: {first}"
+            served = {b for b, n in first.items() if n == 2}
+            for where in ("memory", "index_dir"):
+                if where == "index_dir":
+                    forget()      # as a new process: only the files under index_dir remain
+                second = _counted_pass(names, rank, world, index_dir)
+                assert set(second.values()) == {1}, f"rank {rank} of {world} ({where}) mapped a batch twice"
+                assert served <= set(second) < every, f"rank {rank} of {world} ({where}) mapped another rank's lane"
+
+
+@pytest.mark.clause("STREAM-12")
+def test_two_spawned_workers_of_a_rank_get_the_census_from_their_loader_and_map_no_batch_more_than_twice(tmp_path):
+    """``build_dataloader`` counts a mapped rank's lanes once, before its K workers start, and hands them the counts.
+
+    Before: each of the K workers ran the census itself, so a batch of the
+    rank's own lanes was mapped K + 1 times and another rank's K times.
+    """
+    from conformance.impl_tests.stream_map_fns import LogCalls
+    from impl.loader import build_dataloader
+
+    names = _census_corpus(tmp_path)
+    every = set(_counted_pass(names, 0, 1))
+    log = tmp_path / "calls.txt"
+    ds = StreamingDataset(names, tokenizer=tokenizer()[0], seq_len=8, num_lanes=4, unit_bytes=300, batch_size=2,
+                          rank=0, world_size=2)
+    mapped = ds.map(LogCalls(str(log)), batched=True, batch_size=4, name="log-v1")
+    loader = build_dataloader(mapped, batch_size=2, rank=0, world_size=2, num_workers=2,
+                              multiprocessing_context="spawn")
+    assert sum(1 for _ in loader) > 0
+    counts = Counter(tuple(line.split("\t")) for line in log.read_text().splitlines())
+    assert set(counts) == every
+    assert max(counts.values()) <= 2, f"{sum(n > 2 for n in counts.values())} input batches mapped more than twice"

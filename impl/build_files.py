@@ -20,7 +20,7 @@ from typing import Any, Self
 import numpy as np
 import pyarrow as pa
 
-from impl.encoding import Encoder, TokenizerInfo
+from impl.encoding import TokenizerInfo
 from impl.store_format import (
     BLOCK_BYTES,
     COLUMN,
@@ -36,8 +36,7 @@ from impl.store_format import (
     quick_signature,
 )
 
-__all__ = ["WriteBehind", "file_record", "join_parts", "make_meta", "meta_with_files", "write_encoded", "write_parts",
-           "write_token_file"]
+__all__ = ["WriteBehind", "file_record", "join_parts", "make_meta", "meta_with_files", "write_parts", "write_token_file"]
 
 
 # --------------------------------------------------------------------------- token files
@@ -65,19 +64,6 @@ def write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> None
 
 
 # --------------------------------------------------------------------------- build workers
-
-
-def write_encoded(enc: Encoder, path: str, texts: Sequence[str],
-                   on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
-    """Tokenize one contiguous range of documents and write it as one token file; return its record.
-
-    The in-process build's (and a build task's) unit of work; spawned workers
-    encode pieces of a range instead, and the parent writes the file from
-    them (:func:`write_parts`).
-    """
-    values, offsets, num_empty = enc.encode(texts, on_batch)
-    write_token_file(path, values, offsets)
-    return file_record(path, offsets, num_empty)
 
 
 def join_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -108,7 +94,7 @@ def join_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.
 def write_parts(path: str, parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> dict[str, Any]:
     """Write one token file from its range's encoded pieces, in order (:func:`join_parts`); return its record.
 
-    The same file, byte for byte, as :func:`write_encoded` of the whole range.
+    The same file, byte for byte, whatever pieces the range was encoded in.
     """
     values, offsets, num_empty = join_parts(parts)
     write_token_file(path, values, offsets)

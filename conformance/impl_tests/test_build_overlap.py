@@ -111,3 +111,25 @@ def test_ranges_encoded_as_one_stream_equal_each_range_encoded_alone(tok_dir, ba
     for (_, values, offsets, num_empty), (_, texts) in zip(streamed, ranges, strict=True):
         alone = enc.encode(texts)
         assert (values.tolist(), offsets.tolist(), num_empty) == (alone[0].tolist(), alone[1].tolist(), alone[2])
+
+
+def test_an_in_process_build_encodes_its_next_file_while_its_last_one_is_written(source, tok_dir, tmp_path,  # noqa: F811
+                                                                                 monkeypatch):
+    from impl.store import TokenStore
+
+    made = _watch(monkeypatch)
+    real = build_files.write_token_file
+    overlapped: list[bool] = []
+
+    def write(path, values, offsets):
+        if path.endswith("tokens-00000.arrow"):
+            overlapped.append(made[0].second.wait(WAIT_S))
+        real(path, values, offsets)
+
+    monkeypatch.setattr(build_files, "write_token_file", write)
+    store = TokenStore.build(source, tok_dir, tmp_path / "store", num_proc=1, progress=False, **OPTS)
+    assert overlapped == [True]
+    monkeypatch.undo()
+    out = tmp_path / "tasks"
+    run_tasks(source, tok_dir, out, 2)
+    assert published(commit_build(out).path) == published(store.path)

@@ -119,6 +119,8 @@ def ratios(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
     for row in r.values():
         if row.extra.get("kind") == "build-vs-raw" and "ratio" in row.extra:
             put(f"build impl/raw encode tokens/s ({row.extra['num_proc']} proc)", float(row.extra["ratio"]), "higher")
+        if row.extra.get("kind") == "build-tasks-vs-raw" and "ratio" in row.extra:
+            put(f"build tasks/raw encode tokens/s ({row.extra['tasks']} tasks)", float(row.extra["ratio"]), "higher")
     b_impl, b_hf = r.get("build-impl-p2"), r.get("build-hf-map-p2")
     if b_impl and b_hf:
         put("build impl/hf-map tokens/s", _ratio(b_impl.tokens_per_s, b_hf.tokens_per_s), "higher")

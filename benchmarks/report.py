@@ -117,6 +117,15 @@ def markdown(data: dict, rss: list[dict] | None, plots: list[str], skipped: list
             note="benchmarks/test_build.py::test_build_vs_raw_encode: TokenStore.build(texts, num_proc) against "
                  "Tokenizer.encode_batch_fast over the same texts in batches of 1000 on all cores (issue 20's "
                  "target: >= 0.9).")
+    section("A multi-task build against the raw tokenizer (same texts, same cores, one run)", "build-tasks-vs-raw",
+            ["tasks", "documents", "build tokens/s", "raw encode tokens/s", "build / raw", "CPU: raw / build"],
+            lambda r: [str(r.extra["tasks"]), str(r.extra.get("documents")),
+                       _rate(r.extra.get("build_tokens_per_s")), _rate(r.extra.get("raw_tokens_per_s")),
+                       f"{r.extra['ratio']:.3f}", f"{r.extra['cpu_ratio']:.3f}"],
+            note="benchmarks/test_build.py::test_build_tasks_vs_raw_encode: N concurrent processes, each "
+                 "build_task(parquet, tok, out, task=i, tasks=N) (loadspec build --task i --tasks N), then "
+                 "commit_build, from process start to the committed store, against Tokenizer.encode_batch_fast "
+                 "over the same texts; CPU: raw encode's CPU seconds over the tasks' and the commit's.")
     res = [r for r in rows if r.extra.get("kind") == "resume"]
     if res:
         loaders = list(dict.fromkeys(r.extra["loader"] for r in res))

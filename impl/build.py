@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from impl.build_files import file_record, make_meta, write_encoded, write_token_file
+from impl.build_files import WriteBehind, file_record, make_meta, write_token_file
 from impl.build_pool import cpu_count, file_pieces, piece_docs, run_pool, spawn_can_start
 from impl.build_progress import BytesProgress, progress_bar
 from impl.build_publish import (
@@ -383,12 +383,13 @@ def _tokenize_into(tmp: Path, src: Source, tok_json: str, tinfo: TokenizerInfo, 
     try:
         if wanted <= 1:
             enc = Encoder(tok_json, dtype=dtype, bos_id=bos_id, eos_id=eos_id, batch_size=options.batch_size)
-            ranges = (list(itertools.chain.from_iterable(texts for _, texts in group))
-                      for _, group in itertools.groupby(pieces, key=operator.itemgetter(0)))
-            for index, texts in enumerate(ranges):
-                rec = write_encoded(enc, str(tmp / FILE_TEMPLATE.format(index)), texts, on_batch=bar.update)
-                records.append(rec)
-                _on_file_written(tmp, rec)
+            ranges = ((index, list(itertools.chain.from_iterable(texts for _, texts in group)))
+                      for index, group in itertools.groupby(pieces, key=operator.itemgetter(0)))
+            # As a build task: the tokenizer encodes while this thread reads and another writes (build_tasks).
+            with WriteBehind(lambda index, rec: _on_file_written(tmp, rec)) as writer:
+                for index, values, offsets, num_empty in enc.encode_ranges(ranges, on_batch=bar.update):
+                    writer.submit(str(tmp / FILE_TEMPLATE.format(index)), [(values, offsets, num_empty)], tag=index)
+                records = writer.finish()
         else:
             threads = max(1, cpu_count() // wanted)
             tok_file = tmp / TOKENIZER_FILE

@@ -9,17 +9,18 @@ same bytes and the same fingerprint.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import os
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
 
-from impl.encoding import Encoder, TokenizerInfo
+from impl.encoding import TokenizerInfo
 from impl.store_format import (
     BLOCK_BYTES,
     COLUMN,
@@ -35,7 +36,7 @@ from impl.store_format import (
     quick_signature,
 )
 
-__all__ = ["file_record", "join_parts", "make_meta", "meta_with_files", "write_encoded", "write_parts", "write_token_file"]
+__all__ = ["WriteBehind", "file_record", "join_parts", "make_meta", "meta_with_files", "write_parts", "write_token_file"]
 
 
 # --------------------------------------------------------------------------- token files
@@ -65,19 +66,6 @@ def write_token_file(path: str, values: np.ndarray, offsets: np.ndarray) -> None
 # --------------------------------------------------------------------------- build workers
 
 
-def write_encoded(enc: Encoder, path: str, texts: Sequence[str],
-                   on_batch: Callable[[int], Any] | None = None) -> dict[str, Any]:
-    """Tokenize one contiguous range of documents and write it as one token file; return its record.
-
-    The in-process build's (and a build task's) unit of work; spawned workers
-    encode pieces of a range instead, and the parent writes the file from
-    them (:func:`write_parts`).
-    """
-    values, offsets, num_empty = enc.encode(texts, on_batch)
-    write_token_file(path, values, offsets)
-    return file_record(path, offsets, num_empty)
-
-
 def join_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, int]:
     """One range's ``(values, offsets, num_empty)`` from the :meth:`Encoder.encode` results of its consecutive pieces.
 
@@ -90,6 +78,8 @@ def join_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.
     >>> values.tolist(), offsets.tolist(), num_empty
     ([5, 0, 0, 7, 8, 0], [0, 2, 3, 6], 1)
     """
+    if len(parts) == 1:
+        return parts[0]
     values = np.concatenate([p[0] for p in parts])
     offsets = np.empty(sum(len(p[1]) - 1 for p in parts) + 1, dtype=np.int64)
     offsets[0] = 0
@@ -104,11 +94,69 @@ def join_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.
 def write_parts(path: str, parts: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> dict[str, Any]:
     """Write one token file from its range's encoded pieces, in order (:func:`join_parts`); return its record.
 
-    The same file, byte for byte, as :func:`write_encoded` of the whole range.
+    The same file, byte for byte, whatever pieces the range was encoded in.
     """
     values, offsets, num_empty = join_parts(parts)
     write_token_file(path, values, offsets)
     return file_record(path, offsets, num_empty)
+
+
+class WriteBehind:
+    """Writes token files (:func:`write_parts`) in one thread while the caller encodes the next file.
+
+    Why: writing a file, its fsync and hashing it for its record need no
+    tokenizer; done in line, the tokenizer would stop for each file. At most
+    one file is being written: :meth:`submit` first waits for the previous
+    one, so memory holds the tokens of two files, and ``on_written(tag,
+    record)`` runs in the caller's thread, in file order, before the next
+    file starts writing. A write's error (a full disk) is raised by the
+    next :meth:`submit` or by :meth:`finish`. Used by the spawned-worker
+    build (:func:`impl.build_pool.run_pool`) and by a build task
+    (:mod:`impl.build_tasks`).
+
+    >>> import tempfile
+    >>> done = []
+    >>> with tempfile.TemporaryDirectory() as d, WriteBehind(lambda tag, rec: done.append((tag, rec["num_tokens"]))) as w:
+    ...     w.submit(f"{d}/tokens-00000.arrow", [(np.array([5, 0], np.uint16), np.array([0, 2]), 0)], tag=0)
+    ...     records = w.finish()
+    >>> done, [r["name"] for r in records]
+    ([(0, 2)], ['tokens-00000.arrow'])
+    """
+
+    def __init__(self, on_written: Callable[[Any, dict[str, Any]], Any] | None = None) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadspec-write")
+        self._on_written = on_written
+        self._pending: tuple[Any, concurrent.futures.Future[dict[str, Any]]] | None = None
+        self.records: list[dict[str, Any]] = []
+
+    def submit(self, path: str, parts: Sequence[tuple[np.ndarray, np.ndarray, int]], tag: Any = None) -> None:
+        """Wait for the previous file, then start writing ``path`` from its range's encoded ``parts``."""
+        self._wait()
+        self._pending = (tag, self._pool.submit(write_parts, path, parts))
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Wait for the last file; the records of every file, in the order submitted."""
+        self._wait()
+        return self.records
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            tag, fut = self._pending
+            self._pending = None
+            record = fut.result()
+            self.records.append(record)
+            if self._on_written is not None:
+                self._on_written(tag, record)
+
+    def close(self) -> None:
+        """Stop the thread (after the file being written, if any; its error, if any, is dropped)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # --------------------------------------------------------------------------- helpers

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from impl.build_files import write_parts
+from impl.build_files import WriteBehind
 from impl.encoding import Encoder
 from impl.errors import StoreError
 from impl.store_format import FILE_TEMPLATE
@@ -190,17 +190,14 @@ def run_pool(tmp: Path, pieces: Iterator[tuple[int, list[str]]], workers: int, i
     ctx = multiprocessing.get_context("spawn")
     pools = [concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_worker_init,
                                                     initargs=initargs) for _ in range(workers)]
-    writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadspec-write")
+    writer = WriteBehind()
     records: list[dict[str, Any]] = []
     pending: collections.deque[tuple[int, int, concurrent.futures.Future[Any]]] = collections.deque()
     parts: list[tuple[np.ndarray, np.ndarray, int]] = []
     state = {"file": 0}
-    writing: list[concurrent.futures.Future[dict[str, Any]]] = []
 
     def finish_file() -> None:
-        while writing:
-            records.append(writing.pop().result())
-        writing.append(writer.submit(write_parts, str(tmp / FILE_TEMPLATE.format(state["file"])), list(parts)))
+        writer.submit(str(tmp / FILE_TEMPLATE.format(state["file"])), list(parts))
         parts.clear()
 
     def collect() -> None:
@@ -237,11 +234,10 @@ def run_pool(tmp: Path, pieces: Iterator[tuple[int, list[str]]], workers: int, i
             collect()
         if parts:
             finish_file()
-        while writing:
-            records.append(writing.pop().result())
+        records = writer.finish()
         ok = True
     finally:
-        writer.shutdown(wait=True, cancel_futures=True)
+        writer.close()
         for pool in pools:
             if ok:
                 pool.shutdown(wait=True)

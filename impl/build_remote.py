@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from impl._crc import crc32
-from impl.build_files import meta_with_files, write_encoded
+from impl.build_files import meta_with_files, write_parts
 from impl.build_fragments import (
     FRAGMENT_FORMAT,
     FRAGMENT_VERSION,
@@ -254,11 +254,12 @@ def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
                  lambda: out.fs.rm(out.path(fragment)) if out.size(fragment) is not None else None)
         with tempfile.TemporaryDirectory(prefix="loadspec-task-") as tmp:
             seen, owned = owned_files(plan, index, count)
-            for f, texts in owned:
+            # The tokenizer encodes the next batch while this thread writes and uploads a finished file.
+            for f, values, offsets, num_empty in enc.encode_ranges(owned):
                 name = FILE_TEMPLATE.format(f)
                 local = os.path.join(tmp, name)
                 try:
-                    record = write_encoded(enc, local, texts)
+                    record = write_parts(local, [(values, offsets, num_empty)])
                 except OSError as exc:
                     raise BuildTaskError(f"task {index} of {count} failed writing its local copy {local!r}: "
                                          f"{exc.strerror or exc} (errno {exc.errno}); {hint}") from exc
@@ -269,7 +270,7 @@ def run_remote_task(plan: PreparedBuild, url: str, index: int, count: int, *,
                 report = json.dumps({"tokens": tokens, "files": len(files), "started": started, "now": time.time()})
                 with contextlib.suppress(Exception):   # a report is advisory: a failed one never fails the task
                     out.fs.pipe_file(out.path(f"{STAGING_DIR}/{progress_name(index, count)}"), report.encode())
-                bar.update(len(texts))
+                bar.update(record["num_documents"])
                 if progress and hasattr(bar, "set_postfix_str") and time.monotonic() - shown >= _REPORT_EVERY_S:
                     shown = time.monotonic()   # reading every task's report is one GET per task: not every file
                     total, rate = sum_reports(read_reports(url, count, storage_options))

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from impl._atomic import atomic_write_json, file_lock, fsync_dir, lock_path_for
 from impl.build import prepare_build
-from impl.build_files import meta_with_files, write_encoded
+from impl.build_files import WriteBehind, meta_with_files
 from impl.build_fragments import (
     FRAGMENT_FORMAT,
     FRAGMENT_PATTERN,
@@ -156,16 +156,25 @@ def build_task(source: Any, tokenizer: Any, out_dir: str | os.PathLike[str], *, 
     try:
         staging.mkdir(parents=True, exist_ok=True)
         seen, owned = owned_files(plan, index, count)
-        for f, texts in owned:
-            files.append({"index": f, "record": write_encoded(enc, str(staging / FILE_TEMPLATE.format(f)), texts)})
-            tokens += files[-1]["record"]["num_tokens"]
+
+        def written(f: int, record: dict[str, Any]) -> None:
+            nonlocal tokens
+            files.append({"index": f, "record": record})
+            tokens += record["num_tokens"]
             atomic_write_json(staging / progress_name(index, count),
                               {"tokens": tokens, "files": len(files), "started": started, "now": time.time()},
                               indent=None)
-            bar.update(len(texts))
+            bar.update(record["num_documents"])
             if progress and hasattr(bar, "set_postfix_str"):
                 total, rate = tasks_progress(out, count)
                 bar.set_postfix_str(f"all tasks: {total} tokens, {rate / 1e6:.2f}M tokens/s", refresh=False)
+
+        # Reading, encoding and writing overlap: the tokenizer encodes while this thread reads the next file's
+        # texts and another writes, fsyncs and hashes the last file.
+        with WriteBehind(written) as writer:
+            for f, values, offsets, num_empty in enc.encode_ranges(owned):
+                writer.submit(str(staging / FILE_TEMPLATE.format(f)), [(values, offsets, num_empty)], tag=f)
+            writer.finish()
         atomic_write_json(fragment, fragment_document(plan, index, count, seen[0], files), indent=None)
     except OSError as exc:
         where = exc.filename or staging

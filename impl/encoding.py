@@ -38,15 +38,17 @@ import dataclasses
 import hashlib
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from impl.errors import TokenizerError
 
 __all__ = ["Encoder", "TokenizerInfo", "resolve_tokenizer"]
+
+K = TypeVar("K")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -324,24 +326,60 @@ class Encoder:
 
     def encode(self, texts: Sequence[str], on_batch: Callable[[int], Any] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """Return (values, int64 offsets of length n+1, number of documents with no text tokens)."""
+        for _, values, offsets, num_empty in self.encode_ranges([(None, texts)], on_batch):
+            return values, offsets, num_empty
+        raise AssertionError("encode_ranges yields one result per range")
+
+    def encode_ranges(self, ranges: Iterable[tuple[K, Sequence[str]]], on_batch: Callable[[int], Any] | None = None
+                      ) -> Iterator[tuple[K, np.ndarray, np.ndarray, int]]:
+        """``(key, values, offsets, num_empty)`` of each ``(key, texts)`` range, in order: :meth:`encode` of each.
+
+        Why one stream: the tokenizer releases the GIL while it encodes, so
+        batch b + 1 encodes in a thread while this one takes the next batch
+        from ``ranges`` (reading the next range's texts), turns batch b's ids
+        into numpy arrays and, when b ends a range, yields it (the caller
+        writes it). Encoding range by range would leave the tokenizer idle
+        between ranges (at the first and last batch of each). Batches never
+        span ranges, so each range's arrays are those of :meth:`encode` of it.
+
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> tok = Tokenizer(models.WordLevel({"<eos>": 0, "a": 1, "b": 2, "<unk>": 3}, unk_token="<unk>"))
+        >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> enc = Encoder(resolve_tokenizer(tok)[0], dtype="uint16", bos_id=None, eos_id=0, batch_size=2)
+        >>> [(k, v.tolist(), o.tolist()) for k, v, o, _ in enc.encode_ranges([(7, ["a b", "b", "a"]), (8, [])])]
+        [(7, [1, 2, 0, 2, 0, 1, 0], [0, 3, 5, 7]), (8, [], [0])]
+        """
         values_parts: list[np.ndarray] = []
         length_parts: list[np.ndarray] = []
-        starts = range(0, len(texts), self.batch_size)
-        # The tokenizer releases the GIL while it encodes: batch b + 1 encodes in a thread while batch b's ids
-        # become numpy arrays here (the same batches in the same order, so the same output).
+
+        def batches() -> Iterator[tuple[K, Sequence[str] | None, bool]]:
+            for key, texts in ranges:
+                starts = range(0, len(texts), self.batch_size)
+                if not starts:
+                    yield key, None, True
+                for i, b in enumerate(starts):
+                    yield key, texts[b : b + self.batch_size], i + 1 == len(starts)
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadspec-encode") as pool:
-            ahead = [pool.submit(self._encode, list(texts[b : b + self.batch_size]), add_special_tokens=False)
-                     for b in starts[:1]]
-            for i, b in enumerate(starts):
-                encodings = ahead.pop().result()
-                if i + 1 < len(starts):
-                    nxt = starts[i + 1]
-                    ahead.append(pool.submit(self._encode, list(texts[nxt : nxt + self.batch_size]),
-                                             add_special_tokens=False))
-                self._collect(encodings, values_parts, length_parts)
-                if on_batch is not None:
-                    on_batch(min(self.batch_size, len(texts) - b))
-        return self._assemble(values_parts, length_parts)
+            def submit(batch: Sequence[str] | None) -> concurrent.futures.Future[Any] | None:
+                return None if batch is None else pool.submit(self._encode, list(batch), add_special_tokens=False)
+
+            items = batches()
+            current = next(items, None)
+            ahead = None if current is None else submit(current[1])
+            while current is not None:
+                following = next(items, None)
+                encodings = None if ahead is None else ahead.result()
+                ahead = None if following is None else submit(following[1])
+                key, batch, last = current
+                if encodings is not None and batch is not None:
+                    self._collect(encodings, values_parts, length_parts)
+                    if on_batch is not None:
+                        on_batch(len(batch))
+                if last:
+                    yield (key, *self._assemble(values_parts, length_parts))
+                    values_parts, length_parts = [], []
+                current = following
 
     def _collect(self, encodings: Sequence[Any], values_parts: list[np.ndarray],
                  length_parts: list[np.ndarray]) -> None:

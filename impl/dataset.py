@@ -63,12 +63,13 @@ from torch.utils.data import Dataset
 
 from impl._arrays import distinct_ints
 from impl.collation import SampleBatch, batch_cu_seqlens, sample_cu_seqlens
+from impl.dataset_checks import MAX_SEQ_LEN, check_bounded, check_not_empty
 from impl.epoch_cell import SharedEpoch
-from impl.errors import REBUILD_HINT, ConfigError, EmptyDataError, StoreCorruptError, StoreError, is_integer, require
+from impl.errors import REBUILD_HINT, ConfigError, StoreCorruptError, StoreError, is_integer, require
 from impl.fill import TokenSource, materialize, materialize_batch
 from impl.keys import SampleKey, resolve_key, resolve_keys
 from impl.ordering import BUFFER_MESSAGE, EpochOrder
-from impl.packing import PackPlan, bin_key, closed_form_samples, pack_plan
+from impl.packing import PackPlan, bin_key, pack_plan
 from impl.plan_cache import PlanCache, PlanEntry, plan_cache_dir, plan_key
 from impl.predownload import Reader, check_predownload, check_readers, run_ahead, store_reads
 from impl.schema import BATCH_FIELDS, padding_rows
@@ -76,7 +77,7 @@ from impl.splits import SplitStore, split_pipeline
 from impl.store import TokenStore
 from impl.store_format import META_FILE
 from reference.ordering import Kind, OrderingConfig
-from reference.packing import MODES, STREAM_MODES, Mode, Overflow, PackingConfig
+from reference.packing import MODES, Mode, Overflow, PackingConfig
 from reference.partition import PADDING, End
 from reference.resume import PipelineConfig, pipeline_fingerprint, pipeline_parts
 
@@ -85,18 +86,6 @@ __all__ = ["MAX_SEQ_LEN", "SHUFFLES", "PackedDataset", "SampleKey", "batch_cu_se
 SHUFFLES = {"none": "sequential", "sequential": "sequential", "global": "global", "window": "window"}
 """``shuffle=`` names and the ``reference.ordering`` kind each selects (``buffer`` is refused)."""
 
-MAX_SEQ_LEN = 1 << 24
-"""The largest ``seq_len`` accepted (16M positions): a batch row is five int64 arrays of it."""
-_BOUNDS = {
-    "seq_len": (1, MAX_SEQ_LEN, "input positions per sample, e.g. seq_len=2048"),
-    "seed": (0, (1 << 64) - 1, "a non-negative integer below 2**64, e.g. seed=0"),
-    "window": (1, 1 << 40, "documents per shuffle window, e.g. window=1024"),
-    "pack_window": (1, 1 << 40, "documents per bin-packing window, e.g. pack_window=1000"),
-    "stride": (0, MAX_SEQ_LEN - 1, "tokens a continuation chunk re-reads, below seq_len (0 for none)"),
-    "min_len": (0, 1 << 40, "the shortest document kept, in tokens (0 keeps every non-empty document)"),
-    "pad_id": (0, (1 << 32) - 1, "a token id, e.g. the tokenizer's pad or eos id"),
-    "epoch": (0, 1 << 40, "the epoch to start in, e.g. epoch=0"),
-}
 PLAN_LRU = 2
 """Epochs whose plan and order stay in memory (the disk cache, ``impl.plan_cache``, holds the rest)."""
 
@@ -247,14 +236,14 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self._cache_arg = cache_dir
         self._plan_cache = PlanCache(plan_cache_dir(cache_dir, store.path))
         self._file_sizes = list(store.file_document_counts)
-        self._fixed_samples: int | None = None
         self._counts: dict[int, int] = {}
         #: Samples each reader downloads ahead from a remote store (:mod:`impl.predownload`); not in the config:
         #: it changes no sample.
         self.predownload = predownload
         self.reader: Reader | None = None
         self._reset_memory()
-        self._check_not_empty()
+        self._fixed_samples: int | None = None        # set below; plan() reads it while the check runs
+        self._fixed_samples = check_not_empty(self.store, self.config, self.plan, self.epoch)
 
     def _reset_memory(self) -> None:
         self._source: TokenSource | None = None
@@ -263,77 +252,6 @@ class PackedDataset(SharedEpoch, Dataset[dict[str, Any]]):
         self._orders: collections.OrderedDict[int, EpochOrder] = collections.OrderedDict()
         self._doc_files: Any = False   # the remote store's row -> file lookup, found on first use (None: local)
         self._ahead_memo: collections.OrderedDict[tuple[int, int], list[tuple[Any, str]]] = collections.OrderedDict()
-
-    def _kept_totals(self) -> tuple[int, int] | None:
-        """``(kept documents, their prepared tokens)`` from ``meta.json`` alone; None when ``min_len`` needs lengths.
-
-        A document is kept when its prepared length (tokens plus added
-        BOS/EOS) is positive and at least ``min_len`` (PACK-2). With
-        ``min_len <= 1`` that is "positive", so the counts follow from the
-        store's totals: empty documents are the ones whose text had no token
-        (none when the store itself added BOS or EOS). Example: 10 documents,
-        2 of them empty, 50 tokens give (8, 50); with ``add_eos=True``,
-        (10, 60).
-        """
-        p, store = self.config.packing, self.store
-        if p.min_len > 1:
-            return None
-        extra = int(p.add_bos) + int(p.add_eos)
-        options = store.meta.get("options") or {}
-        empty = 0 if options.get("add_bos") or options.get("add_eos") else store.num_empty_documents
-        if extra:
-            return store.num_documents, store.num_tokens + extra * store.num_documents
-        return store.num_documents - empty, store.num_tokens
-
-    def _check_not_empty(self) -> None:
-        """Refuse a config whose epochs hold no sample, or no trainable label, checked from sizes (no token read).
-
-        Why "no trainable label" is refused: a label is the next token of
-        the same document, so documents of at most one prepared token give
-        samples whose labels are all IGNORE, and a mean loss over no label
-        is NaN. With ``min_len <= 1`` the counts come from ``meta.json``
-        (:meth:`_kept_totals`); with a larger ``min_len`` every kept document
-        has labels, and the epoch's plan says whether any is kept.
-        """
-        p = self.config.packing
-        store = self.store
-        where = f"the store at {store.path} ({store.num_documents} documents, {store.num_tokens} tokens)"
-        if isinstance(store, SplitStore):
-            where = (f"split={store.notation!r} of the store at {store.path} (documents {store.rows.start} to "
-                     f"{store.rows.stop - 1}: {store.num_documents} of its {store.base.num_documents} documents, "
-                     f"{store.num_tokens} tokens)")
-        require(store.num_documents > 0, EmptyDataError, f"{where} is empty; build it from a source with documents")
-        totals = self._kept_totals()
-        if totals is None:
-            kept, n = -1, -1
-        else:
-            kept, n = totals
-            self._refuse_empty(where, kept, n)
-            self._fixed_samples = closed_form_samples(p, kept, n)
-            return
-        plan = self.plan(self.epoch)
-        if plan.num_samples == 0:
-            self._refuse_empty(where, 0, 0)
-
-    def _refuse_empty(self, where: str, kept: int, n: int) -> None:
-        p = self.config.packing
-        L = p.seq_len
-        wider = ", widen the split" if isinstance(self.store, SplitStore) else ""
-        if not kept:
-            raise EmptyDataError(
-                f"{where} keeps no document for this config: every document is empty"
-                + (f" or shorter than min_len={p.min_len}" if p.min_len else "")
-                + f"; lower min_len, set add_eos=True{wider}, or check the store")
-        if p.mode in STREAM_MODES:
-            require(n >= L + 1, EmptyDataError,
-                    f"{where} yields {n} tokens to pack; seq_len={L} needs at least {L + 1} for packing={p.mode!r} "
-                    + ("(a sample's inputs and the target after them)" if p.mode == "concat" else
-                       "(one window of L + 1 tokens)") + f"; lower seq_len{wider} or use packing='none'")
-        require(n > kept, EmptyDataError,
-                f"{where} has no trainable label for this config: each of its {kept} kept documents holds at most one "
-                "token after BOS/EOS are added, and a label is the next token of the same document, so every label "
-                f"would be -100 (a NaN loss); set add_eos=True or add_bos=True{wider}, or build the store from longer "
-                "documents")
 
     # ------------------------------------------------------------ pickling (DataLoader workers under spawn)
 
@@ -624,21 +542,4 @@ def _compute_plan(dataset: weakref.ref[PackedDataset], epoch: int) -> PackPlan:
         raise StoreError("the PackedDataset this epoch plan belongs to was dropped; keep a reference to the dataset "
                          "while reading its plans")
     return ds.compute_plan(epoch)
-
-
-def check_bounded(name: str, value: Any) -> None:
-    """ConfigError unless ``value`` is an integer (never a bool or float) within ``_BOUNDS[name]``.
-
-    The one check of ``seq_len`` and the other sized arguments: each
-    constructor (``PackedDataset(...)``, ``PackedDataset.from_config``,
-    ``impl.hf.HuggingFaceDataset`` before it tokenizes) runs it once per value.
-
-    >>> check_bounded("seq_len", 0)
-    Traceback (most recent call last):
-    ...
-    reference.errors.ConfigError: seq_len=0 must be an integer in [1, 16777216] (input positions per sample, e.g. seq_len=2048)
-    """
-    lo, hi, what = _BOUNDS[name]
-    if not (is_integer(value) and lo <= value <= hi):   # the message only on failure: construction checks ~15 values
-        raise ConfigError(f"{name}={value!r} must be an integer in [{lo}, {hi}] ({what})")
 

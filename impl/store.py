@@ -65,7 +65,7 @@ from impl.store_format import (
     quick_signature,
     sha256_file,
 )
-from impl.store_open import open_store
+from impl.store_open import open_store, reopen_store
 
 __all__ = [
     "BLOCK_BYTES",
@@ -119,12 +119,10 @@ class TokenStore:
     reads ``meta.json`` and stats each file, so its cost does not grow with
     the number of tokens (:mod:`impl.store_files` maps a file on first use).
 
-    Files: each mapped token file and CRC table holds one file descriptor
-    until :meth:`close`, the end of a ``with`` block, or the store being
-    garbage-collected (a ``weakref.finalize``), whichever comes first; a
-    job that opens stores repeatedly (an eval set each epoch, a resume)
-    should close each, as a file deleted meanwhile keeps its disk space
-    while it is mapped::
+    Files: each mapped token file and CRC table holds a file descriptor
+    until :meth:`close`, a ``with`` block's end or garbage collection; a job
+    that opens stores repeatedly should close each (a deleted file keeps its
+    disk space while mapped)::
 
         >>> with TokenStore.open("/tmp/demo-store") as store:             # doctest: +SKIP
         ...     first = store[0]
@@ -604,22 +602,12 @@ class TokenStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self) -> tuple[Any, tuple[str, str, FileAccess]]:
+    def __reduce__(self) -> tuple[Any, tuple[type[TokenStore], str, str, FileAccess]]:
         # Processes (e.g. DataLoader workers under spawn) get the path, fingerprint and file access,
         # never the tokens; the receiver re-opens through the same access and checks it sees the same store.
-        return (_reopen, (self._maps.path, self.fingerprint, self._files))
+        return (reopen_store, (type(self), self._maps.path, self.fingerprint, self._files))
 
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def _reopen(path: str, fingerprint: str, files: FileAccess | None = None) -> TokenStore:
-    store = TokenStore.open(path, files=files)
-    if store.fingerprint != fingerprint:
-        raise StoreCorruptError(
-            f"token store {path} changed (fingerprint {store.fingerprint[:16]}..., expected {fingerprint[:16]}...) "
-            f"between processes; {REBUILD_HINT}"
-        )
-    return store
 

@@ -28,7 +28,7 @@ from impl.store_format import META_FILE, validate_meta
 if TYPE_CHECKING:
     from impl.store import TokenStore
 
-__all__ = ["open_store"]
+__all__ = ["open_store", "reopen_store"]
 
 
 def open_store(cls: type[TokenStore], path: str | os.PathLike[str], *, verify: bool = False,
@@ -83,4 +83,15 @@ def open_store(cls: type[TokenStore], path: str | os.PathLike[str], *, verify: b
     store = cls(root, meta, access, name=name)
     if verify:
         store.verify()
+    return store
+
+
+def reopen_store(cls: type[TokenStore], path: str, fingerprint: str, files: FileAccess | None = None) -> TokenStore:
+    """A store unpickled in another process: opened again through the same file access, refused if it changed."""
+    store = cls.open(path, files=files)
+    if store.fingerprint != fingerprint:
+        raise StoreCorruptError(
+            f"token store {path} changed (fingerprint {store.fingerprint[:16]}..., expected {fingerprint[:16]}...) "
+            f"between processes; {REBUILD_HINT}"
+        )
     return store

@@ -33,7 +33,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from impl.errors import StateError, TopologyError, is_int, require
 from impl.rng import FeistelPermutation, Stream, below, derive_key, subkey
-from impl.stream_steps import merge_states
+from impl.stream_steps import merge_states, resumed_steps
 from impl.units import UnitIndex
 from reference.packing import IGNORE, PackingConfig
 from reference.streaming import StreamingConfig
@@ -370,6 +370,14 @@ class LaneBatches(IterableDataset[dict[str, Any]]):
 
     epoch: int
     world_size: int
+    rank: int
+    num_workers: int
+    batch_size: int
+    lanes: dict[int, Any]
+    _total: int | None
+    _taken: int
+    _next: tuple[dict[int, Any], int | None, int] | None
+    _loaded: tuple[Mapping[str, Any], dict[int, Any]] | None
     _markers: bool      # set by impl.stream_loader: its workers end their pass with a marker
 
     @staticmethod
@@ -390,6 +398,32 @@ class LaneBatches(IterableDataset[dict[str, Any]]):
             dist.all_gather_object(states, state)
             return self.merge(states)
         return state
+
+    def lane_count(self) -> int:
+        """How many lanes the stream is split into (STREAM-10)."""
+        raise NotImplementedError
+
+    def _fresh(self) -> Any:
+        raise NotImplementedError
+
+    def _resume(self, header: Mapping[str, Any], lanes: dict[int, Any] | None) -> dict[int, int]:
+        """This rank's steps of a loaded state on the current topology, its lanes by epoch; each lane's epoch (STREAM-22).
+
+        Without ``lanes`` only checks the steps (a refusal raises) and returns the lane epochs.
+        """
+        epoch, N = header["epoch"], self.lane_count()
+        if "ranks" in header:
+            total, taken, nxt, lane_epochs = resumed_steps(header, num_lanes=N, rank=self.rank,
+                                                           topology=(self.world_size, self.num_workers, self.batch_size))
+        else:       # version 1: S is recomputed from the lane states, as STREAM-12 alone says
+            total, taken, nxt, lane_epochs = None, 0, None, dict.fromkeys(range(N), epoch)
+        if lanes is not None:
+            self._loaded = (header, lanes)
+            self.epoch, self._total, self._taken = epoch, total, taken
+            self.lanes = {lane: snap if lane_epochs[lane] == epoch else self._fresh() for lane, snap in lanes.items()}
+            self._next = None if nxt is None else (
+                {lane: snap for lane, snap in lanes.items() if lane_epochs[lane] != epoch}, nxt[0], nxt[1])
+        return lane_epochs
 
     def _batches(self, num_workers: int, worker: int, *, markers: bool) -> Iterator[dict[str, Any]]:
         raise NotImplementedError

@@ -56,7 +56,7 @@ from impl.stream_lanes import (
     remaining_samples,
     schedule,
 )
-from impl.stream_steps import resumed_steps, steps_fields
+from impl.stream_steps import steps_fields
 from impl.streaming import StreamingDataset
 from reference.stream_mixing import (
     STATE_FORMAT,
@@ -247,6 +247,9 @@ class StreamMixture(LaneBatches):
                 f"cache_dir={cache_dir!r} caches a planned mixture's plan; a mixture with a streaming source has none "
                 "(its lanes are drawn as they stream); leave cache_dir out")
         return cls(sources, weights=weights, stopping=stopping, seed=seed, epoch=epoch, allow_repeat=allow_repeat)
+
+    def lane_count(self) -> int:
+        return self.num_lanes
 
     def _fresh(self) -> MixSnapshot:
         return (0, (False,) * len(self.sources), 0, tuple(FRESH if x else 0 for x in self.is_stream))
@@ -469,22 +472,6 @@ class StreamMixture(LaneBatches):
         header = {"epoch": int(epoch)} if version == 1 else {k: state[k] for k in ("epoch", "topology", "ranks")}
         lane_epochs = self._resume(header, None)
         self._resume(header, {int(k): self._lane_from_json(int(k), lane_epochs[int(k)], v) for k, v in lanes.items()})
-
-    def _resume(self, header: Mapping[str, Any], lanes: dict[int, Any] | None) -> dict[int, int]:
-        """This rank's steps of a loaded state on the current topology, its lanes by epoch; each lane's epoch (STREAM-22)."""
-        epoch, N = header["epoch"], self.num_lanes
-        if "ranks" in header:
-            total, taken, nxt, lane_epochs = resumed_steps(header, num_lanes=N, rank=self.rank,
-                                                           topology=(self.world_size, self.num_workers, self.batch_size))
-        else:       # version 1: S is recomputed from the lane states, as STREAM-12 alone says
-            total, taken, nxt, lane_epochs = None, 0, None, dict.fromkeys(range(N), epoch)
-        if lanes is not None:
-            self._loaded = (header, lanes)
-            self.epoch, self._total, self._taken = epoch, total, taken
-            self.lanes = {lane: snap if lane_epochs[lane] == epoch else self._fresh() for lane, snap in lanes.items()}
-            self._next = None if nxt is None else (
-                {lane: snap for lane, snap in lanes.items() if lane_epochs[lane] != epoch}, nxt[0], nxt[1])
-        return lane_epochs
 
     def __repr__(self) -> str:
         return (f"StreamMixture({len(self.sources)} sources, weights={self.config.weights}, "

@@ -88,7 +88,7 @@ from impl.stream_maps import (
     unmap_state,
     with_map,
 )
-from impl.stream_steps import merge_states, resumed_steps, steps_fields
+from impl.stream_steps import merge_states, steps_fields
 from impl.stream_tokens import RowTokens, resolve_once
 from impl.units import UnitIndex, build_unit_index, describe_change, read_unit, source_files
 from reference.packing import PackingConfig
@@ -300,6 +300,9 @@ class StreamingDataset(LaneBatches):
 
     def _fresh(self) -> Any:
         return FRESH if self.batched_map is None else MAP_FRESH
+
+    def lane_count(self) -> int:
+        return self.config.num_lanes
 
     def _options(self) -> dict[str, Any]:
         """Every option that decides the samples: the config, and the map's identity when mapped (STREAM-21)."""
@@ -575,25 +578,6 @@ class StreamingDataset(LaneBatches):
             loaded[lane] = snapshot_from_json(value, lane, lane_epochs[lane], windows, self._starts, self._counts,
                                               self.config.unit_window, lane_rows(windows))
         self._resume(header, loaded if outputs is None else map_snapshots(loaded, outputs))
-
-    def _resume(self, header: Mapping[str, Any], lanes: dict[int, Any] | None) -> dict[int, int]:
-        """This rank's steps of a loaded state on the current topology, its lanes by epoch; each lane's epoch (STREAM-22).
-
-        Without ``lanes`` only checks the steps (a refusal raises) and returns the lane epochs.
-        """
-        epoch, N = header["epoch"], self.config.num_lanes
-        if "ranks" in header:
-            total, taken, nxt, lane_epochs = resumed_steps(header, num_lanes=N, rank=self.rank,
-                                                           topology=(self.world_size, self.num_workers, self.batch_size))
-        else:       # version 1: S is recomputed from the lane states, as STREAM-12 alone says
-            total, taken, nxt, lane_epochs = None, 0, None, dict.fromkeys(range(N), epoch)
-        if lanes is not None:
-            self._loaded = (header, lanes)
-            self.epoch, self._total, self._taken = epoch, total, taken
-            self.lanes = {lane: snap if lane_epochs[lane] == epoch else self._fresh() for lane, snap in lanes.items()}
-            self._next = None if nxt is None else (
-                {lane: snap for lane, snap in lanes.items() if lane_epochs[lane] != epoch}, nxt[0], nxt[1])
-        return lane_epochs
 
     def __repr__(self) -> str:
         mapped = "" if self.batched_map is None else f", map={self.batched_map.identity!r}"

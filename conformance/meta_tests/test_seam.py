@@ -44,13 +44,15 @@ ALLOWED: dict[str, frozenset[str]] = {
                                    "canonical_json", "corpus_fingerprint", "pipeline_fingerprint", "make_state",
                                    "validate_state", "MixtureConfig", "mixture_fingerprint", "pipeline_parts",
                                    "mixture_parts", "mixture_level_parts", "part_hash"}),
-    "reference.streaming": frozenset({"StreamingConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS"}),
+    "reference.streaming": frozenset({"StreamingConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS", "V1_KEYS"}),
+    # The keys and version of STREAM-22's steps record (the state format); resuming to S is impl's own.
+    "reference.stream_steps": frozenset({"RANK_KEYS", "STEPS_VERSION", "TOPOLOGY_KEYS"}),
     # BatchedMap is the map's configuration (its identity enters the state); mapping a batch is impl's own.
     "reference.stream_maps": frozenset({"BatchedMap", "MAP_LANE_KEYS", "TOKENS"}),
     # planned_options_refused validates the options a lane mixture refuses (MIX-25: configuration), mismatches
     # names the parts of a foreign state (the state format, MIX-24); the draws, lanes and state are impl's own.
     "reference.stream_mixing": frozenset({"StreamMixConfig", "STATE_FORMAT", "STATE_VERSION", "STATE_KEYS",
-                                          "mismatches", "planned_options_refused"}),
+                                          "V1_KEYS", "mismatches", "planned_options_refused"}),
 }
 """Configuration types, constants, errors and the state/fingerprint format: what impl may share with the spec."""
 

@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader
 from impl.errors import ConfigError, is_int, require
 from impl.partition import distributed_topology
 from impl.stream_lanes import from_pipe
-from impl.stream_maps import census_ahead
 from impl.stream_mixing import StreamMixture
 from impl.streaming import SKIPPED_KEY, STATE_KEY, StreamingDataset
 
@@ -94,7 +93,7 @@ class StreamingLoader:
         ds, epoch = self.dataset, self.dataset.epoch
         ds._markers = True
         if isinstance(ds, StreamingDataset):     # a mapped census once here, not once in each worker (STREAM-12)
-            census_ahead(ds)
+            ds.count_lanes()
         loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
                             multiprocessing_context=self._context, **self._kwargs)
         lanes = ds.worker_lanes(self.num_workers)

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from impl.errors import ConfigError, MapError, StateError, is_int, require
-from impl.stream_lanes import LaneCursor, LaneSnapshot, buffer_key, is_kept_len, lane_json, lane_rows
+from impl.stream_lanes import LaneCursor, LaneSnapshot, is_kept_len, lane_json
 from reference.packing import IGNORE, PackingConfig
 from reference.stream_maps import MAP_LANE_KEYS, TOKENS, BatchedMap
 
@@ -51,7 +51,6 @@ __all__ = [
     "BatchedMap",
     "MapCursor",
     "RowMap",
-    "census_ahead",
     "census_totals",
     "check_picklable",
     "count_samples",
@@ -59,7 +58,6 @@ __all__ = [
     "map_ids",
     "map_lane_json",
     "map_snapshots",
-    "mapped_remaining",
     "unmap_state",
     "with_map",
 ]
@@ -411,27 +409,3 @@ def census_totals(keys: Mapping[int, str], known: dict[str, int], index_dir: str
         known[key] = _CENSUS[key] = out[lane] = total
     return out
 
-
-def mapped_remaining(ds: Any, tokens: TokenSource, epoch: int, lanes: Mapping[int, MapSnapshot]) -> dict[int, int]:
-    """Each mapped lane's samples left from ``lanes`` (STREAM-12's census): its epoch total less its samples taken.
-
-    A lane resumes exactly (STREAM-21), so the samples after a snapshot are
-    the lane's total in its epoch order less the snapshot's ``samples``; the
-    total is counted once (:func:`census_totals`).
-    """
-    fp, size, p = ds.fingerprint, ds.config.shuffle_buffer_size, ds.config.packing
-    keys = {lane: census_key(fp, ds.batched_map, lane_rows(ds.windows(epoch, lane)),
-                             buffer_key(ds.config, epoch, lane), size) for lane in lanes}
-    totals = census_totals(keys, ds._census, ds.index_dir, lambda lane: (
-        int(lanes[lane][6]), count_samples(ds._cursor(epoch, lane, census=True, snap=lanes[lane]), tokens, p)))
-    return {lane: totals[lane] - int(snap[6]) for lane, snap in lanes.items()}
-
-
-def census_ahead(ds: Any) -> None:
-    """Count a mapped StreamingDataset's lanes before its DataLoader workers start (STREAM-12).
-
-    Why: each worker receives the dataset, counts included, so the census
-    runs once per rank rather than once in each of its K workers.
-    """
-    if ds.batched_map is not None and ds.world_size > 1:
-        ds._remaining(ds.row_tokens(), ds.epoch, ds.lanes)

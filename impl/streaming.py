@@ -81,10 +81,12 @@ from impl.stream_lanes import (
 from impl.stream_maps import (
     MAP_FRESH,
     MapCursor,
+    census_key,
+    census_totals,
     check_picklable,
+    count_samples,
     map_lane_json,
     map_snapshots,
-    mapped_remaining,
     unmap_state,
     with_map,
 )
@@ -385,7 +387,20 @@ class StreamingDataset(LaneBatches):
             lengths = np.where(raw < 0, 0, raw + extra)     # -1: a skipped row, dropped (STREAM-17)
             return {lane: remaining_samples(self._cursor(epoch, lane, snap=snap), lambda g: int(lengths[g]), p)
                     for lane, snap in lanes.items()}
-        return mapped_remaining(self, tokens, epoch, lanes)     # counted once and remembered (impl.stream_maps)
+        # A mapped lane's outputs are known only by mapping it: its total in the epoch order is counted once and
+        # remembered (impl.stream_maps.census_totals); a lane resumes exactly (STREAM-21), so what is left after a
+        # snapshot is that total less the snapshot's samples.
+        fp, size = self.fingerprint, self.config.shuffle_buffer_size
+        keys = {lane: census_key(fp, self.batched_map, lane_rows(self.windows(epoch, lane)),
+                                 buffer_key(self.config, epoch, lane), size) for lane in lanes}
+        totals = census_totals(keys, self._census, self.index_dir, lambda lane: (
+            int(lanes[lane][6]), count_samples(self._cursor(epoch, lane, census=True, snap=lanes[lane]), tokens, p)))
+        return {lane: totals[lane] - int(snap[6]) for lane, snap in lanes.items()}
+
+    def count_lanes(self) -> None:
+        """A mapped stream's census (STREAM-12) now, before DataLoader workers start: each receives the counts."""
+        if self.batched_map is not None and self.world_size > 1:
+            self._remaining(self.row_tokens(), self.epoch, self.lanes)
 
     def _steps_of(self, remaining: Mapping[int, int], num_workers: int) -> int:
         """STREAM-12: the minimum over ranks of the sum over workers of full batches."""
